@@ -1,0 +1,8 @@
+package main
+
+import "github.com/spf13/cobra"
+
+// TODO(owner of this file): replace this placeholder with the real command.
+func newHashCmd() *cobra.Command {
+	return &cobra.Command{Use: "hash", Short: "(not yet built)", Hidden: true}
+}
