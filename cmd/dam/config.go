@@ -1,8 +1,73 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"fmt"
+	"os"
+	"strings"
 
-// TODO(owner of this file): replace this placeholder with the real command.
+	"github.com/spf13/cobra"
+
+	"github.com/dam-dedup/dam/config"
+)
+
 func newConfigCmd() *cobra.Command {
-	return &cobra.Command{Use: "config", Short: "(not yet built)", Hidden: true}
+	var path string
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Print the effective configuration, secrets redacted",
+		Long: `Print the effective configuration as YAML: the defaults, overlaid by the
+configuration file, overlaid by DAM_* environment variables, with the
+PostgreSQL and SASL passwords redacted. An invalid configuration is
+reported, every problem with its key, with exit status 2.`,
+		Args: argsUsage(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(path)
+			if err != nil {
+				return err
+			}
+			out, err := cfg.Redacted().YAML()
+			if err != nil {
+				return err
+			}
+			_, err = cmd.OutOrStdout().Write(out)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&path, "config", "dam.yaml", "configuration `file`")
+	return cmd
 }
+
+// loadConfig loads the configuration file at path, overlaid by the process
+// environment, for the commands that need it. Its error is a usage error
+// (exit status 2) listing every problem, one per line, each line prefixed
+// with the file name ("dam.yaml: routes[1].ignore[0]: ...") and every line
+// after the first also with "dam: " to match the first, which run prints.
+func loadConfig(path string) (config.Config, error) {
+	cfg, err := config.Load(path, os.Environ())
+	if err != nil {
+		return config.Config{}, usageError{configError{path: path, err: err}}
+	}
+	return cfg, nil
+}
+
+// configError prefixes each of a joined error's lines with the file name.
+type configError struct {
+	path string
+	err  error
+}
+
+func (e configError) Error() string {
+	var errs []error
+	if j, ok := e.err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	} else {
+		errs = []error{e.err}
+	}
+	lines := make([]string, len(errs))
+	for i, err := range errs {
+		lines[i] = fmt.Sprintf("%s: %v", e.path, err)
+	}
+	return strings.Join(lines, "\ndam: ")
+}
+
+func (e configError) Unwrap() error { return e.err }
