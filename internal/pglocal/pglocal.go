@@ -1,0 +1,200 @@
+// Package pglocal starts a throwaway PostgreSQL cluster from the locally
+// installed server binaries: for tests when no server is configured, and for
+// `dam demo`. It has no testing imports.
+package pglocal
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNoBinaries: initdb and pg_ctl were found neither on PATH nor under
+// /usr/lib/postgresql/*/bin.
+var ErrNoBinaries = errors.New("pglocal: PostgreSQL server binaries (initdb, pg_ctl) not found; install PostgreSQL")
+
+// Cluster is a running throwaway cluster. Stop it to remove it.
+type Cluster struct {
+	dir  string
+	bin  string
+	port int
+	cred *syscall.Credential
+	logf func(string, ...any)
+}
+
+// Start initialises a cluster in a new temporary directory and starts it on
+// a free TCP port of 127.0.0.1 (plus a unix socket in the directory), with
+// trust authentication for user postgres and durability off (fsync=off) for
+// speed. When running as root the server runs as the postgres user (or
+// nobody), since PostgreSQL refuses to run as root. logf receives progress
+// lines; it may be nil.
+func Start(ctx context.Context, logf func(string, ...any)) (*Cluster, error) {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	bin, err := findBin()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "dam-pglocal-")
+	if err != nil {
+		return nil, fmt.Errorf("pglocal: %w", err)
+	}
+	c := &Cluster{dir: dir, bin: bin, logf: logf}
+	if os.Geteuid() == 0 {
+		c.cred, err = unprivileged()
+		if err == nil {
+			err = os.Chown(dir, int(c.cred.Uid), int(c.cred.Gid))
+		}
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("pglocal: running as root: %w", err)
+		}
+	}
+	if err := c.run(ctx, "initdb", "-D", c.data(), "-U", "postgres", "-A", "trust",
+		"-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	// The port is free when probed but may be taken before the server binds
+	// it: retry with another.
+	for attempt := 0; ; attempt++ {
+		c.port, err = freePort()
+		if err == nil {
+			err = c.run(ctx, "pg_ctl", "start", "-D", c.data(), "-w", "-t", "60",
+				"-l", filepath.Join(dir, "server.log"), "-o", strings.Join([]string{
+					"-p", strconv.Itoa(c.port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
+					"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+					"-c", "max_connections=200",
+				}, " "))
+		}
+		if err == nil {
+			break
+		}
+		if attempt == 2 || ctx.Err() != nil {
+			logf("pglocal: server log:\n%s", c.serverLog())
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	logf("pglocal: started PostgreSQL (%s) on 127.0.0.1:%d in %s", bin, c.port, dir)
+	return c, nil
+}
+
+// DSN returns a connection string for the cluster's postgres database.
+func (c *Cluster) DSN() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+}
+
+// Stop stops the server immediately (no checkpoint: the data is thrown
+// away) and removes its directory.
+func (c *Cluster) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // Stop has no caller context
+	defer cancel()
+	err := c.run(ctx, "pg_ctl", "stop", "-D", c.data(), "-m", "immediate", "-w")
+	if rerr := os.RemoveAll(c.dir); err == nil && rerr != nil {
+		err = fmt.Errorf("pglocal: %w", rerr)
+	}
+	return err
+}
+
+// Reachable reports whether a PostgreSQL server answers at dsn: it connects
+// and pings, within ctx.
+func Reachable(ctx context.Context, dsn string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("pglocal: %w", err)
+	}
+	defer conn.Close(ctx)
+	if err := conn.Ping(ctx); err != nil {
+		return fmt.Errorf("pglocal: %w", err)
+	}
+	return nil
+}
+
+func (c *Cluster) data() string { return filepath.Join(c.dir, "data") }
+
+func (c *Cluster) serverLog() string {
+	b, _ := os.ReadFile(filepath.Join(c.dir, "server.log"))
+	return string(b)
+}
+
+func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, name), args...)
+	cmd.Dir = c.dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C", "TZ=UTC")
+	if c.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("pglocal: %s %s: %w: %s", name, args[0], err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// unprivileged returns the credentials of the postgres user, else nobody.
+func unprivileged() (*syscall.Credential, error) {
+	for _, name := range []string{"postgres", "nobody"} {
+		u, err := user.Lookup(name)
+		if err != nil {
+			continue
+		}
+		uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+		gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+	}
+	return nil, errors.New("no postgres or nobody user to run the server as")
+}
+
+// findBin returns the directory holding initdb and pg_ctl: PATH first, then
+// the highest version under /usr/lib/postgresql.
+func findBin() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		dir := filepath.Dir(p)
+		if _, err := os.Stat(filepath.Join(dir, "pg_ctl")); err == nil {
+			return dir, nil
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	sort.Slice(matches, func(i, j int) bool { return pgVersion(matches[i]) > pgVersion(matches[j]) })
+	for _, m := range matches {
+		dir := filepath.Dir(m)
+		if _, err := os.Stat(filepath.Join(dir, "pg_ctl")); err == nil {
+			return dir, nil
+		}
+	}
+	return "", ErrNoBinaries
+}
+
+// pgVersion extracts N from /usr/lib/postgresql/N/bin/initdb for ordering.
+func pgVersion(path string) float64 {
+	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(filepath.Dir(path))), 64)
+	return v
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pglocal: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,3 @@
+DROP TABLE decision_log;
+DROP TABLE progress;
+DROP TABLE state;

@@ -1,0 +1,143 @@
+// Package migrations holds dam's PostgreSQL schema as numbered SQL files
+// (NNN_name.up.sql / NNN_name.down.sql), embedded in the binary and applied
+// with tern. Table names are unqualified: the schema is the first one on the
+// connection's search_path (set it in the DSN, e.g. ?search_path=dam).
+//
+// Tables:
+//
+//   - state(service, entity, digest, updated_at, src_topic, src_partition,
+//     src_offset), primary key (service, entity): the digest last forwarded
+//     for each identity and the record it came from. digest is NULL only
+//     transiently, as a lock placeholder inside a Decide transaction.
+//     Indexed on (service, updated_at) for pruning.
+//   - progress(grp, topic, part, next_offset, epoch), primary key
+//     (grp, topic, part): each input partition's next offset to decide (P)
+//     and its fencing epoch.
+//   - decision_log(grp, topic, part, first_offset, end_offset, offsets,
+//     decisions, entities, logged_at), primary key (grp, topic, part,
+//     first_offset): one row per decided batch with its forwarded and
+//     invalid records, used by recovery to re-deliver [C, P).
+//   - dam_schema_version(version): the applied migration version (tern).
+//
+// Concurrent runs are safe: tern holds a PostgreSQL advisory lock while it
+// migrates, so a second Up waits and then finds nothing to do.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/tern/v2/migrate"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// VersionTable is the table, on the search_path, that records the applied
+// version.
+const VersionTable = "dam_schema_version"
+
+// FS returns the embedded migration files.
+func FS() fs.FS { return files }
+
+func newMigrator(ctx context.Context, conn *pgx.Conn) (*migrate.Migrator, error) {
+	m, err := migrate.NewMigrator(ctx, conn, VersionTable)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	list, err := load()
+	if err != nil {
+		return nil, err
+	}
+	for _, mig := range list {
+		m.AppendMigration(mig.name, mig.up, mig.down)
+	}
+	return m, nil
+}
+
+type migration struct{ name, up, down string }
+
+var fileName = regexp.MustCompile(`^(\d{3})_([a-z0-9_]+)\.(up|down)\.sql$`)
+
+// load pairs the NNN_name.up.sql and .down.sql files in number order. tern's
+// own loader wants one file per migration, so the pairs are appended by hand.
+func load() ([]migration, error) {
+	entries, err := fs.ReadDir(files, ".")
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	byNum := map[int]*migration{}
+	for _, e := range entries {
+		m := fileName.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		n, _ := strconv.Atoi(m[1])
+		b, err := fs.ReadFile(files, e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("migrations: %w", err)
+		}
+		mig := byNum[n]
+		if mig == nil {
+			mig = &migration{name: m[1] + "_" + m[2]}
+			byNum[n] = mig
+		}
+		if m[3] == "up" {
+			mig.up = string(b)
+		} else {
+			mig.down = string(b)
+		}
+	}
+	list := make([]migration, len(byNum))
+	for n, mig := range byNum {
+		if n < 1 || n > len(list) || mig.up == "" || mig.down == "" {
+			return nil, fmt.Errorf("migrations: %s: numbers must run 1..N with an up and a down file each", mig.name)
+		}
+		list[n-1] = *mig
+	}
+	return list, nil
+}
+
+// Up applies every migration not yet applied.
+func Up(ctx context.Context, conn *pgx.Conn) error {
+	m, err := newMigrator(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if err := m.Migrate(ctx); err != nil {
+		return fmt.Errorf("migrations: up: %w", err)
+	}
+	return nil
+}
+
+// Down reverts every applied migration (to version 0): it drops dam's
+// tables and all the state in them.
+func Down(ctx context.Context, conn *pgx.Conn) error {
+	m, err := newMigrator(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if err := m.MigrateTo(ctx, 0); err != nil {
+		return fmt.Errorf("migrations: down: %w", err)
+	}
+	return nil
+}
+
+// Version reports the applied version and the latest version this binary
+// knows. It creates the version table (at version 0) if it is missing.
+func Version(ctx context.Context, conn *pgx.Conn) (current, latest int32, err error) {
+	m, err := newMigrator(ctx, conn)
+	if err != nil {
+		return 0, 0, err
+	}
+	current, err = m.GetCurrentVersion(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("migrations: version: %w", err)
+	}
+	return current, int32(len(m.Migrations)), nil
+}
