@@ -320,6 +320,10 @@ func (d *decoder) decode(key string, raw any, v reflect.Value) {
 			d.fail(key, fmt.Errorf("want a list, got %s", d.describe(key, raw)))
 			return
 		}
+		if len(list) == 0 {
+			v.SetZero() // so that an empty list and no list are the same
+			return
+		}
 		s := reflect.MakeSlice(v.Type(), len(list), len(list))
 		for i, item := range list {
 			if s.Type().Elem() == routeType {
