@@ -50,8 +50,8 @@ func New(opts ...Option) (*Hasher, error) {
 	if o.maxDepth < 1 {
 		return nil, errorf("canon: max depth %d: must be at least 1", o.maxDepth)
 	}
-	if o.maxSize < 0 {
-		return nil, errorf("canon: max size %d: must not be negative", o.maxSize)
+	if o.maxSize < 0 || o.maxSize > MaxSize {
+		return nil, errorf("canon: max size %d: must be between 0 and %d", o.maxSize, MaxSize)
 	}
 	if o.format != FormatJSON && o.format != FormatBytes {
 		return nil, errorf("canon: unknown format %d", o.format)
@@ -100,7 +100,7 @@ func (h *Hasher) Sum(value []byte) (Digest, error) {
 	err := st.encode(h, value)
 	if err == nil {
 		d[0] = byte(SchemeJSON1)
-		sum := sha256.Sum256(st.buf)
+		sum := sha256.Sum256(st.out)
 		copy(d[1:], sum[:])
 	}
 	h.put(st)
@@ -126,7 +126,7 @@ func (h *Hasher) AppendCanonical(dst, value []byte) ([]byte, error) {
 	if err := st.encode(h, value); err != nil {
 		return dst, err
 	}
-	return appendText(dst, st.buf), nil
+	return appendText(dst, st.out), nil
 }
 
 func (h *Hasher) put(st *state) {

@@ -12,9 +12,33 @@ import (
 // member is one object member in the scratch buffer, from its name's 's'
 // tag (start) to the end of its value (end).
 type member struct {
-	start, key, keyEnd, end int
-	in                      int // input offset of the name, for errors
+	prefix                  uint64 // first 8 name bytes, big-endian: most comparisons end here
+	start, key, keyEnd, end int32
+	in                      int32 // input offset of the name, for errors
 	ignored                 bool
+}
+
+// less orders members by name bytes.
+func (s *state) less(a, b *member) bool {
+	if a.prefix != b.prefix {
+		return a.prefix < b.prefix
+	}
+	return bytes.Compare(s.buf[a.key:a.keyEnd], s.buf[b.key:b.keyEnd]) < 0
+}
+
+func (s *state) sameName(a, b *member) bool {
+	return a.prefix == b.prefix && bytes.Equal(s.buf[a.key:a.keyEnd], s.buf[b.key:b.keyEnd])
+}
+
+func namePrefix(name []byte) uint64 {
+	if len(name) >= 8 {
+		return binary.BigEndian.Uint64(name)
+	}
+	var p uint64
+	for i, c := range name {
+		p |= uint64(c) << (56 - 8*i)
+	}
+	return p
 }
 
 // frame is one open array or object.
@@ -32,6 +56,7 @@ type frame struct {
 // for reordering members, the explicit parse stack and the open members.
 type state struct {
 	buf, tmp []byte
+	out      []byte // the final encoding: buf, or tmp when the top object was reordered
 	stack    []frame
 	members  []member
 }
@@ -81,6 +106,7 @@ func (s *state) encode(h *Hasher, in []byte) error {
 	s.buf = s.buf[:0]
 	s.stack = s.stack[:0]
 	s.members = s.members[:0]
+	s.out = nil
 	n := len(in)
 	pos := 0
 	active := h.all // ignore pointers that may apply inside the next value
@@ -160,11 +186,14 @@ func (s *state) encode(h *Hasher, in []byte) error {
 				if pos < n {
 					return &Error{Offset: pos, Err: ErrTrailingData}
 				}
+				if s.out == nil {
+					s.out = s.buf
+				}
 				return nil
 			}
 			f := &s.stack[len(s.stack)-1]
 			if f.obj {
-				s.members[len(s.members)-1].end = len(s.buf)
+				s.members[len(s.members)-1].end = int32(len(s.buf))
 				if pos < n && in[pos] == ',' {
 					if pos, active, err = s.member(h, in, skipWS(in, pos+1)); err != nil {
 						return err
@@ -213,7 +242,8 @@ func (s *state) member(h *Hasher, in []byte, pos int) (int, uint64, error) {
 	if err != nil {
 		return end, 0, err
 	}
-	m := member{start: start, key: key, keyEnd: len(s.buf), in: pos}
+	m := member{start: int32(start), key: int32(key), keyEnd: int32(len(s.buf)), in: int32(pos)}
+	m.prefix = namePrefix(s.buf[key:])
 	end = skipWS(in, end)
 	if end >= len(in) || in[end] != ':' {
 		return end, 0, unexpected(in, end, "':'")
@@ -261,45 +291,61 @@ func (h *Hasher) matchIndex(active uint64, d, idx int) (uint64, bool) {
 }
 
 // closeObject sorts the innermost object's members by name, rejects equal
-// names, drops ignored members and ends the object.
+// names, drops ignored members and ends the object. The top-level object
+// is reordered into s.tmp only, which then is the final encoding: no copy
+// back.
 func (s *state) closeObject(f *frame) error {
 	ms := s.members[f.mstart:]
 	sorted, ignored := true, false
 	for i := range ms {
 		ignored = ignored || ms[i].ignored
-		if i > 0 && sorted {
-			switch c := bytes.Compare(s.key(ms[i-1]), s.key(ms[i])); {
-			case c == 0:
+		if i > 0 && sorted && !s.less(&ms[i-1], &ms[i]) {
+			if s.sameName(&ms[i-1], &ms[i]) {
 				return s.dupErr(ms[i-1], ms[i])
-			case c > 0:
-				sorted = false
 			}
+			sorted = false
 		}
 	}
 	if !sorted {
 		if len(ms) <= 12 {
 			for i := 1; i < len(ms); i++ {
-				for j := i; j > 0 && bytes.Compare(s.key(ms[j-1]), s.key(ms[j])) > 0; j-- {
+				for j := i; j > 0 && s.less(&ms[j], &ms[j-1]); j-- {
 					ms[j-1], ms[j] = ms[j], ms[j-1]
 				}
 			}
 		} else {
-			buf := s.buf
 			slices.SortFunc(ms, func(a, b member) int {
-				return bytes.Compare(buf[a.key:a.keyEnd], buf[b.key:b.keyEnd])
+				if a.prefix != b.prefix {
+					if a.prefix < b.prefix {
+						return -1
+					}
+					return 1
+				}
+				return bytes.Compare(s.buf[a.key:a.keyEnd], s.buf[b.key:b.keyEnd])
 			})
 		}
 		for i := 1; i < len(ms); i++ {
-			if bytes.Equal(s.key(ms[i-1]), s.key(ms[i])) {
+			if s.sameName(&ms[i-1], &ms[i]) {
 				return s.dupErr(ms[i-1], ms[i])
 			}
 		}
 	}
-	if !sorted || ignored {
+	top := len(s.stack) == 1
+	switch {
+	case top && (!sorted || ignored):
+		s.tmp = append(s.tmp[:0], s.buf[:f.body]...)
+		for i := range ms {
+			if !ms[i].ignored {
+				s.tmp = append(s.tmp, s.buf[ms[i].start:ms[i].end]...)
+			}
+		}
+		s.tmp = append(s.tmp, '}')
+		s.out = s.tmp
+	case !sorted || ignored:
 		s.tmp = s.tmp[:0]
-		for _, m := range ms {
-			if !m.ignored {
-				s.tmp = append(s.tmp, s.buf[m.start:m.end]...)
+		for i := range ms {
+			if !ms[i].ignored {
+				s.tmp = append(s.tmp, s.buf[ms[i].start:ms[i].end]...)
 			}
 		}
 		s.buf = append(s.buf[:f.body], s.tmp...)
@@ -312,7 +358,7 @@ func (s *state) closeObject(f *frame) error {
 func (s *state) key(m member) []byte { return s.buf[m.key:m.keyEnd] }
 
 func (s *state) dupErr(a, b member) error {
-	return &Error{Offset: max(a.in, b.in), Err: ErrDuplicateMember, Detail: strconv.Quote(string(s.key(a)))}
+	return &Error{Offset: int(max(a.in, b.in)), Err: ErrDuplicateMember, Detail: strconv.Quote(string(s.key(a)))}
 }
 
 // str appends the string starting at the quote at pos as 's' uvarint(len)

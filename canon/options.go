@@ -13,6 +13,8 @@ const (
 	DefaultMaxDepth = 128
 	// DefaultMaxSize is the default maximum value size in bytes (1 MiB).
 	DefaultMaxSize = 1 << 20
+	// MaxSize is the largest accepted WithMaxSize (offsets are 32-bit).
+	MaxSize = 1 << 30
 	// MaxIgnore is the largest number of ignore pointers one Hasher takes
 	// (they are matched as a bit set).
 	MaxIgnore = 64
