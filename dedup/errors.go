@@ -17,3 +17,6 @@ var (
 	// order or outside [Start, End)). A bug in the caller; never retry.
 	ErrInvalid = errors.New("dedup: invalid request")
 )
+
+// ErrNotFound: no state is stored for the identity (Get).
+var ErrNotFound = errors.New("dedup: not found")

@@ -1,0 +1,353 @@
+package dedup_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/dam-dedup/dam/canon"
+	"github.com/dam-dedup/dam/dedup"
+)
+
+const (
+	F = dedup.Forward
+	D = dedup.Duplicate
+	I = dedup.Invalid
+)
+
+func TestDecideSemantics(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		recs []rec
+		want []dedup.Decision
+	}{
+		{"ABABA", []rec{{"e", "A"}, {"e", "B"}, {"e", "A"}, {"e", "B"}, {"e", "A"}}, []dedup.Decision{F, F, F, F, F}},
+		{"AAAAB", []rec{{"e", "A"}, {"e", "A"}, {"e", "A"}, {"e", "A"}, {"e", "B"}}, []dedup.Decision{F, D, D, D, F}},
+		{"h1h2h1", []rec{{"e", "h1"}, {"e", "h2"}, {"e", "h1"}}, []dedup.Decision{F, F, F}},
+		{"h1h1h2", []rec{{"e", "h1"}, {"e", "h1"}, {"e", "h2"}}, []dedup.Decision{F, D, F}},
+		{"interleaved", []rec{{"x", "1"}, {"y", "1"}, {"x", "1"}, {"y", "2"}, {"x", "2"}, {"y", "2"}},
+			[]dedup.Decision{F, F, D, F, F, D}},
+		{"invalid", []rec{{"e", "A"}, {"e", ""}, {"e", "A"}, {"n", ""}, {"n", "A"}}, []dedup.Decision{F, I, D, I, F}},
+	}
+	for _, tc := range cases {
+		for _, n := range []int{1, 2, len(tc.recs)} {
+			t.Run(fmt.Sprintf("%s/batch=%d", tc.name, n), func(t *testing.T) {
+				t.Parallel()
+				s := newStore(t)
+				p, epoch := partition(t, s, "in")
+				got := decideAll(t, s, "svc", p, epoch, tc.recs, n)
+				if !slices.Equal(got, tc.want) {
+					t.Fatalf("got %v, want %v", got, tc.want)
+				}
+			})
+		}
+	}
+}
+
+func TestServicesIsolated(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	p1, e1 := partition(t, s, "a")
+	p2, e2 := partition(t, s, "b")
+	if got := decideAll(t, s, "one", p1, e1, []rec{{"e", "A"}}, 1); got[0] != F {
+		t.Fatal(got)
+	}
+	if got := decideAll(t, s, "two", p2, e2, []rec{{"e", "A"}}, 1); got[0] != F {
+		t.Fatalf("the same identity in another service: %v", got)
+	}
+}
+
+func TestBinaryEntitiesRoundTrip(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	p, epoch := partition(t, s, "in")
+	keys := [][]byte{{0x00}, {0xff, 0xfe}, {0xc3, 0x28}, {}, []byte("a\x00b"), bytes.Repeat([]byte{0x80}, 300)}
+	b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 0, End: int64(len(keys))}
+	for i, k := range keys {
+		b.Records = append(b.Records, dedup.Record{Offset: int64(i), Entity: k, Digest: digest(fmt.Sprint(i))})
+	}
+	got, err := s.Decide(context.Background(), b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if got[i] != F {
+			t.Errorf("key %x: %v", k, got[i])
+		}
+		st, err := s.Get(context.Background(), "svc", k)
+		if err != nil {
+			t.Fatalf("key %x: %v", k, err)
+		}
+		if !bytes.Equal(st.Entity, k) || st.Digest != digest(fmt.Sprint(i)) || st.Topic != "in" || st.Offset != int64(i) {
+			t.Errorf("key %x: got %+v", k, st)
+		}
+	}
+	if _, err := s.Get(context.Background(), "svc", []byte{0x01}); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("absent identity: %v", err)
+	}
+}
+
+func TestTombstones(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	p, epoch := partition(t, s, "in")
+	b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 0, End: 3, Records: []dedup.Record{
+		{Offset: 0, Entity: []byte("e"), Digest: canon.Tombstone},
+		{Offset: 1, Entity: []byte("e"), Digest: canon.Tombstone},
+		{Offset: 2, Entity: []byte("e"), Digest: digest("A")},
+	}}
+	got, err := s.Decide(context.Background(), b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []dedup.Decision{F, D, F}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+func TestInvalidRecordsChangeNothingAndAreLogged(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	p, epoch := partition(t, s, "in")
+	got := decideAll(t, s, "svc", p, epoch, []rec{{"bad", ""}, {"e", "A"}, {"e", "A"}, {"bad", ""}}, 4)
+	if want := []dedup.Decision{I, F, D, I}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if _, err := s.Get(ctx, "svc", []byte("bad")); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("an invalid record stored state: %v", err)
+	}
+	entries, covered, err := s.Logged(ctx, p, 0, 4)
+	if err != nil || !covered {
+		t.Fatal(covered, err)
+	}
+	want := []dedup.LoggedDecision{{Offset: 0, Decision: I, Entity: []byte("bad")}, {Offset: 1, Decision: F, Entity: []byte("e")},
+		{Offset: 3, Decision: I, Entity: []byte("bad")}}
+	if fmt.Sprint(entries) != fmt.Sprint(want) {
+		t.Fatalf("logged %v, want %v", entries, want)
+	}
+}
+
+func TestLoggedAndPruneLog(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	p, epoch := partition(t, s, "in")
+	// Batches [0,3) [3,3) [3,7) with a skipped offset 6, then [7,10) unlogged.
+	batches := []*dedup.Batch{
+		{Start: 0, End: 3, Records: []dedup.Record{{Offset: 0, Entity: []byte("a"), Digest: digest("1")},
+			{Offset: 1, Entity: []byte("a"), Digest: digest("1")}, {Offset: 2, Entity: []byte("b"), Digest: digest("1")}}},
+		{Start: 3, End: 3},
+		{Start: 3, End: 7, Records: []dedup.Record{{Offset: 3, Entity: []byte("a"), Digest: digest("2")},
+			{Offset: 5, Entity: []byte("b"), Digest: digest("1")}}},
+		{Start: 7, End: 10, NoLog: true, Records: []dedup.Record{{Offset: 8, Entity: []byte("c"), Digest: digest("1")}}},
+	}
+	for _, b := range batches {
+		b.Service, b.Partition, b.Epoch = "svc", p, epoch
+		if _, err := s.Decide(ctx, b, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(from, to int64, wantOffsets []int64, wantCovered bool) {
+		t.Helper()
+		entries, covered, err := s.Logged(ctx, p, from, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var offs []int64
+		for _, e := range entries {
+			if e.Decision != F {
+				t.Errorf("entry %+v", e)
+			}
+			offs = append(offs, e.Offset)
+		}
+		if !slices.Equal(offs, wantOffsets) || covered != wantCovered {
+			t.Errorf("Logged(%d, %d) = %v covered %v, want %v covered %v", from, to, offs, covered, wantOffsets, wantCovered)
+		}
+	}
+	check(0, 7, []int64{0, 2, 3}, true)
+	check(1, 4, []int64{2, 3}, true)
+	check(2, 2, nil, true)
+	check(0, 8, []int64{0, 2, 3}, false) // [7,10) was not logged
+	n, err := s.PruneLog(ctx, p, 3)      // drops [0,3)
+	if err != nil || n != 1 {
+		t.Fatalf("PruneLog: %d, %v", n, err)
+	}
+	check(0, 7, []int64{3}, false)
+	check(3, 7, []int64{3}, true)
+	if st, err := s.Get(ctx, "svc", []byte("c")); err != nil || st.Offset != 8 {
+		t.Fatalf("NoLog batch did not store state: %+v, %v", st, err)
+	}
+}
+
+func TestAcquireEpochs(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	p := dedup.Partition{Group: "g", Topic: "t", Partition: 7}
+	pr, err := s.Acquire(ctx, p)
+	if err != nil || pr.Epoch != 1 || pr.HasNext {
+		t.Fatalf("first Acquire: %+v, %v", pr, err)
+	}
+	if err := s.InitProgress(ctx, p, pr.Epoch, 42); err != nil {
+		t.Fatal(err)
+	}
+	pr2, err := s.Acquire(ctx, p)
+	if err != nil || pr2.Epoch != 2 || !pr2.HasNext || pr2.Next != 42 {
+		t.Fatalf("second Acquire: %+v, %v", pr2, err)
+	}
+	if err := s.InitProgress(ctx, p, pr.Epoch, 0); !errors.Is(err, dedup.ErrFenced) {
+		t.Fatalf("InitProgress with an old epoch: %v", err)
+	}
+	if err := s.InitProgress(ctx, p, pr2.Epoch, 7); !errors.Is(err, dedup.ErrFenced) {
+		t.Fatalf("InitProgress over a set P: %v", err)
+	}
+}
+
+// snapshot is everything a fenced Decide must leave untouched.
+func snapshot(t *testing.T, s *dedup.Store) string {
+	t.Helper()
+	var out string
+	for _, q := range []string{
+		`SELECT coalesce(string_agg(format('%s %s %s', service, encode(entity, 'hex'), encode(digest, 'hex')), ',' ORDER BY service, entity), '') FROM state`,
+		`SELECT coalesce(string_agg(format('%s %s', first_offset, offsets), ',' ORDER BY first_offset), '') FROM decision_log`,
+		`SELECT coalesce(string_agg(format('%s %s %s %s %s', grp, topic, part, next_offset, epoch), ',' ORDER BY grp, topic, part), '') FROM progress`,
+	} {
+		var v string
+		if err := s.Pool().QueryRow(context.Background(), q).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		out += v + "\n"
+	}
+	return out
+}
+
+func TestFencing(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	p, old := partition(t, s, "in")
+	decideAll(t, s, "svc", p, old, []rec{{"e", "A"}}, 1)
+	pr, err := s.Acquire(ctx, p) // a new owner
+	if err != nil || pr.Next != 1 {
+		t.Fatal(pr, err)
+	}
+	before := snapshot(t, s)
+	batch := func(epoch, start int64) *dedup.Batch {
+		return &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: start, End: start + 2, Records: []dedup.Record{
+			{Offset: start, Entity: []byte("e"), Digest: digest("B")},
+			{Offset: start + 1, Entity: []byte("new"), Digest: digest("B")}}}
+	}
+	for name, b := range map[string]*dedup.Batch{
+		"old epoch":      batch(old, 1),
+		"start mismatch": batch(pr.Epoch, 0),
+		"start ahead":    batch(pr.Epoch, 5),
+		"unknown":        {Service: "svc", Partition: dedup.Partition{Group: "g", Topic: "none"}, Epoch: 1, Start: 0, End: 0},
+	} {
+		got, err := s.Decide(ctx, b, nil)
+		if !errors.Is(err, dedup.ErrFenced) || len(got) != 0 {
+			t.Errorf("%s: got %v, %v; want ErrFenced", name, got, err)
+		}
+	}
+	if after := snapshot(t, s); after != before {
+		t.Fatalf("a fenced Decide changed the store:\nbefore %s\nafter  %s", before, after)
+	}
+	if got, err := s.Decide(ctx, batch(pr.Epoch, 1), nil); err != nil || !slices.Equal(got, []dedup.Decision{F, F}) {
+		t.Fatalf("the new owner: %v, %v", got, err)
+	}
+}
+
+func TestDecideRejectsInvalidBatches(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	p, epoch := partition(t, s, "in")
+	r := func(o int64) dedup.Record { return dedup.Record{Offset: o, Entity: []byte("e"), Digest: digest("A")} }
+	for name, b := range map[string]*dedup.Batch{
+		"no service":   {Start: 0, End: 1, Records: []dedup.Record{r(0)}},
+		"end < start":  {Service: "s", Start: 2, End: 1},
+		"out of order": {Service: "s", Start: 0, End: 3, Records: []dedup.Record{r(1), r(0)}},
+		"repeated":     {Service: "s", Start: 0, End: 3, Records: []dedup.Record{r(1), r(1)}},
+		"below start":  {Service: "s", Start: 1, End: 3, Records: []dedup.Record{r(0)}},
+		"at end":       {Service: "s", Start: 0, End: 3, Records: []dedup.Record{r(3)}},
+		"zero digest":  {Service: "s", Start: 0, End: 1, Records: []dedup.Record{{Offset: 0, Entity: []byte("e")}}},
+	} {
+		b.Partition, b.Epoch = p, epoch
+		if _, err := s.Decide(context.Background(), b, nil); !errors.Is(err, dedup.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+	// An empty batch is valid: it only advances progress.
+	if _, err := s.Decide(context.Background(), &dedup.Batch{Service: "s", Partition: p, Epoch: epoch, Start: 0, End: 10}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if pr, err := s.Acquire(context.Background(), p); err != nil || pr.Next != 10 {
+		t.Fatal(pr, err)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	var got []dedup.Decision
+	for _, c := range []string{"A", "A", "B", "A", "A"} {
+		d, err := s.Check(ctx, "svc", []byte{0xff, 0}, digest(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, d)
+	}
+	if want := []dedup.Decision{F, D, F, F, D}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	// Check and Decide share the state.
+	p, epoch := partition(t, s, "in")
+	if got := decideAll(t, s, "svc", p, epoch, []rec{{"\xff\x00", "A"}, {"\xff\x00", "C"}}, 2); !slices.Equal(got, []dedup.Decision{D, F}) {
+		t.Fatal(got)
+	}
+	if _, err := s.Check(ctx, "svc", []byte("e"), canon.Digest{}); !errors.Is(err, dedup.ErrInvalid) {
+		t.Fatal(err)
+	}
+}
+
+func TestResetPruneStats(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	for _, svc := range []string{"a", "b"} {
+		for _, e := range []string{"1", "2", "3"} {
+			if _, err := s.Check(ctx, svc, []byte(e), digest("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	stats, err := s.Stats(ctx)
+	if err != nil || len(stats) != 2 || stats[0].Service != "a" || stats[0].Rows != 3 || stats[0].Oldest.IsZero() {
+		t.Fatalf("Stats: %+v, %v", stats, err)
+	}
+	if n, err := s.Reset(ctx, "a", []byte("1"), []byte("9")); err != nil || n != 1 {
+		t.Fatalf("Reset one: %d, %v", n, err)
+	}
+	if d, _ := s.Check(ctx, "a", []byte("1"), digest("x")); d != F {
+		t.Fatal("a reset identity's next record must be forwarded")
+	}
+	if n, err := s.Reset(ctx, "a"); err != nil || n != 3 {
+		t.Fatalf("Reset service: %d, %v", n, err)
+	}
+	if n, err := s.PruneState(ctx, "", 1e9*3600); err != nil || n != 0 {
+		t.Fatalf("PruneState of fresh rows: %d, %v", n, err)
+	}
+	if _, err := s.Pool().Exec(ctx, `UPDATE state SET updated_at = now() - interval '2 hours' WHERE entity <> '3'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.PruneState(ctx, "b", 3600e9); err != nil || n != 2 {
+		t.Fatalf("PruneState: %d, %v", n, err)
+	}
+	if stats, _ := s.Stats(ctx); len(stats) != 1 || stats[0].Rows != 1 {
+		t.Fatalf("after prune: %+v", stats)
+	}
+}

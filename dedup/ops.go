@@ -1,0 +1,162 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dam-dedup/dam/canon"
+)
+
+// State is the stored state of one identity.
+type State struct {
+	Service string
+	Entity  []byte
+	// Digest is the digest of the content last forwarded.
+	Digest canon.Digest
+	// UpdatedAt is when Digest last changed.
+	UpdatedAt time.Time
+	// Topic, Partition and Offset locate the record that set Digest; empty,
+	// -1 and -1 when it was set by Check.
+	Topic     string
+	Partition int32
+	Offset    int64
+}
+
+// ServiceStats summarises one service's state.
+type ServiceStats struct {
+	Service string
+	Rows    int64
+	// Oldest and Newest are the earliest and latest UpdatedAt.
+	Oldest, Newest time.Time
+}
+
+// Get returns the state of (service, entity), or ErrNotFound.
+func (s *Store) Get(ctx context.Context, service string, entity []byte) (State, error) {
+	st := State{Service: service, Entity: entity}
+	var digest []byte
+	err := s.pool.QueryRow(ctx, `SELECT digest, updated_at, coalesce(src_topic, ''),
+		coalesce(src_partition, -1), coalesce(src_offset, -1)
+		FROM state WHERE service = $1 AND entity = $2 AND digest IS NOT NULL`, service, entity).
+		Scan(&digest, &st.UpdatedAt, &st.Topic, &st.Partition, &st.Offset)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return State{}, fmt.Errorf("%w: service %q entity %x", ErrNotFound, service, entity)
+	}
+	if err != nil {
+		return State{}, classify("get", err)
+	}
+	if len(digest) != canon.Size {
+		return State{}, fmt.Errorf("dedup: get: stored digest is %d bytes, want %d", len(digest), canon.Size)
+	}
+	copy(st.Digest[:], digest)
+	return st, nil
+}
+
+// Reset deletes the state of the given entities of service, or of the whole
+// service when none is given, and returns how many identities it removed.
+// Their next records are forwarded: use it to re-deliver on purpose.
+func (s *Store) Reset(ctx context.Context, service string, entities ...[]byte) (int64, error) {
+	if service == "" {
+		return 0, fmt.Errorf("%w: empty service", ErrInvalid)
+	}
+	var err error
+	var n int64
+	if len(entities) == 0 {
+		n, err = s.exec(ctx, `DELETE FROM state WHERE service = $1`, service)
+	} else {
+		n, err = s.exec(ctx, `DELETE FROM state WHERE service = $1 AND entity = ANY($2::bytea[])`, service, entities)
+	}
+	return n, classify("reset", err)
+}
+
+// pruneBatch bounds each delete so pruning never holds many locks or one
+// long transaction.
+const pruneBatch = 10000
+
+// PruneState deletes the state of identities (of service, or of every
+// service when service is "") whose digest has not changed for olderThan,
+// in batches, and returns how many it deleted. A pruned identity's next
+// record is forwarded. Rows locked by a running Decide are skipped.
+func (s *Store) PruneState(ctx context.Context, service string, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("%w: negative age %v", ErrInvalid, olderThan)
+	}
+	var total int64
+	for {
+		n, err := s.exec(ctx, `WITH doomed AS (
+				SELECT service, entity FROM state
+				WHERE ($1 = '' OR service = $1) AND updated_at < now() - make_interval(secs => $2)
+				LIMIT $3 FOR UPDATE SKIP LOCKED)
+			DELETE FROM state s USING doomed d WHERE s.service = d.service AND s.entity = d.entity`,
+			service, olderThan.Seconds(), pruneBatch)
+		total += n
+		if err != nil {
+			return total, classify("prune state", err)
+		}
+		if n < pruneBatch {
+			return total, nil
+		}
+	}
+}
+
+// Stats returns the row count and age range of every service's state.
+func (s *Store) Stats(ctx context.Context) ([]ServiceStats, error) {
+	rows, err := s.pool.Query(ctx, `SELECT service, count(*), min(updated_at), max(updated_at)
+		FROM state WHERE digest IS NOT NULL GROUP BY service ORDER BY service`)
+	if err != nil {
+		return nil, classify("stats", err)
+	}
+	stats, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ServiceStats, error) {
+		var st ServiceStats
+		err := row.Scan(&st.Service, &st.Rows, &st.Oldest, &st.Newest)
+		return st, err
+	})
+	return stats, classify("stats", err)
+}
+
+func (s *Store) exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	ct, err := s.pool.Exec(ctx, sql, args...)
+	return ct.RowsAffected(), err
+}
+
+// Querier is the smallest interface Check needs: *pgx.Conn, pgx.Tx and
+// *pgxpool.Pool satisfy it, so Check joins a caller's own transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Check decides one record in a single atomic statement, the per-record
+// compare-and-set: it stores d for (service, entity) and returns Forward if
+// d differs from the stored digest (or none is stored), else Duplicate and
+// changes nothing. Inside the caller's transaction the decision holds only
+// if that transaction commits. It keeps no progress or log: for libraries
+// and tools; the sidecar uses Decide.
+func Check(ctx context.Context, db Querier, service string, entity []byte, d canon.Digest) (Decision, error) {
+	if service == "" {
+		return 0, fmt.Errorf("%w: empty service", ErrInvalid)
+	}
+	if d.IsZero() {
+		return 0, fmt.Errorf("%w: zero digest", ErrInvalid)
+	}
+	var one int
+	err := db.QueryRow(ctx, `INSERT INTO state AS s (service, entity, digest, updated_at) VALUES ($1, $2, $3, now())
+		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = now(),
+			src_topic = NULL, src_partition = NULL, src_offset = NULL
+		WHERE s.digest IS DISTINCT FROM EXCLUDED.digest
+		RETURNING 1`, service, entity, d[:]).Scan(&one)
+	switch {
+	case err == nil:
+		return Forward, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return Duplicate, nil
+	}
+	return 0, classify("check", err)
+}
+
+// Check is Check on the store's pool, in its own autocommit transaction.
+func (s *Store) Check(ctx context.Context, service string, entity []byte, d canon.Digest) (Decision, error) {
+	return Check(ctx, s.pool, service, entity, d)
+}

@@ -1,0 +1,104 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Progress is a partition's position in the store, as returned by Acquire.
+type Progress struct {
+	// Epoch is the new fencing epoch: pass it in every Batch.
+	Epoch int64
+	// Next is P, the next offset to decide; valid only when HasNext.
+	Next int64
+	// HasNext is false when P was never set (a new partition): set it with
+	// InitProgress.
+	HasNext bool
+}
+
+// Acquire takes ownership of p: it bumps p's fencing epoch (creating the
+// row at epoch 1 with no progress), so that every decider holding an older
+// epoch is fenced, and returns the new epoch and P. Call it when p is
+// assigned and after any failure whose outcome is unknown.
+func (s *Store) Acquire(ctx context.Context, p Partition) (Progress, error) {
+	var pr Progress
+	var next *int64
+	err := s.pool.QueryRow(ctx, `INSERT INTO progress AS p (grp, topic, part, epoch) VALUES ($1, $2, $3, 1)
+		ON CONFLICT (grp, topic, part) DO UPDATE SET epoch = p.epoch + 1
+		RETURNING epoch, next_offset`, p.Group, p.Topic, p.Partition).Scan(&pr.Epoch, &next)
+	if err != nil {
+		return Progress{}, classify("acquire", err)
+	}
+	if next != nil {
+		pr.Next, pr.HasNext = *next, true
+	}
+	return pr, nil
+}
+
+// InitProgress sets P of a partition whose P was never set (Acquire
+// returned HasNext false), e.g. from Kafka's committed offset or the start
+// policy. It fails with ErrFenced if the epoch moved or P is already set to
+// another value.
+func (s *Store) InitProgress(ctx context.Context, p Partition, epoch, next int64) error {
+	ct, err := s.pool.Exec(ctx, `UPDATE progress SET next_offset = $5
+		WHERE grp = $1 AND topic = $2 AND part = $3 AND epoch = $4
+		AND (next_offset IS NULL OR next_offset = $5)`, p.Group, p.Topic, p.Partition, epoch, next)
+	if err != nil {
+		return classify("init progress", err)
+	}
+	if ct.RowsAffected() != 1 {
+		return fmt.Errorf("%w: %s/%d group %q: epoch %d is not current or progress is already set",
+			ErrFenced, p.Topic, p.Partition, p.Group, epoch)
+	}
+	return nil
+}
+
+// Logged returns the logged decisions of p with offsets in [from, to), in
+// offset order, and whether logged batches cover [from, to) without a gap
+// (an empty range is covered). Offsets of a covered range without an entry
+// were duplicates.
+func (s *Store) Logged(ctx context.Context, p Partition, from, to int64) (entries []LoggedDecision, covered bool, err error) {
+	rows, err := s.pool.Query(ctx, `SELECT first_offset, end_offset, offsets, decisions, entities FROM decision_log
+		WHERE grp = $1 AND topic = $2 AND part = $3 AND end_offset > $4 AND first_offset < $5
+		ORDER BY first_offset`, p.Group, p.Topic, p.Partition, from, to)
+	if err != nil {
+		return nil, false, classify("logged", err)
+	}
+	reached := from // covered up to here
+	var first, end int64
+	var offsets []int64
+	var decisions []int16
+	var ents [][]byte
+	_, err = pgx.ForEachRow(rows, []any{&first, &end, &offsets, &decisions, &ents}, func() error {
+		if first <= reached && end > reached {
+			reached = end
+		}
+		if len(offsets) != len(decisions) || len(offsets) != len(ents) {
+			return errors.New("decision_log row with arrays of different lengths")
+		}
+		for i, o := range offsets {
+			if o >= from && o < to {
+				entries = append(entries, LoggedDecision{Offset: o, Decision: Decision(decisions[i]), Entity: ents[i]})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, false, classify("logged", err)
+	}
+	return entries, reached >= to, nil
+}
+
+// PruneLog deletes p's logged batches that end at or below below (Kafka's
+// committed offset C: those decisions are delivered) and returns how many.
+func (s *Store) PruneLog(ctx context.Context, p Partition, below int64) (int64, error) {
+	ct, err := s.pool.Exec(ctx, `DELETE FROM decision_log
+		WHERE grp = $1 AND topic = $2 AND part = $3 AND end_offset <= $4`, p.Group, p.Topic, p.Partition, below)
+	if err != nil {
+		return 0, classify("prune log", err)
+	}
+	return ct.RowsAffected(), nil
+}

@@ -1,0 +1,168 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Config tunes the connection pool that Open builds. The zero value is
+// valid: every zero field takes its documented default; a negative duration
+// leaves that setting to the server (or to the DSN).
+type Config struct {
+	// MaxConns is the pool size. Default: pgxpool's (max(4, CPUs)), or the
+	// DSN's pool_max_conns.
+	MaxConns int32
+	// ConnectTimeout bounds establishing a connection when the DSN has no
+	// connect_timeout. Default 5s.
+	ConnectTimeout time.Duration
+	// StatementTimeout is each session's statement_timeout. Default 5s.
+	StatementTimeout time.Duration
+	// LockTimeout is each session's lock_timeout: a decider waiting on a
+	// zombie's row locks gives up (ErrUnavailable). Default 2s.
+	LockTimeout time.Duration
+	// IdleInTransactionTimeout is each session's
+	// idle_in_transaction_session_timeout: the server ends a paused
+	// zombie's transaction, releasing its locks. Default 10s.
+	IdleInTransactionTimeout time.Duration
+	// ApplicationName is reported in pg_stat_activity. Default "dam".
+	ApplicationName string
+}
+
+// Default values of Config.
+const (
+	DefaultConnectTimeout           = 5 * time.Second
+	DefaultStatementTimeout         = 5 * time.Second
+	DefaultLockTimeout              = 2 * time.Second
+	DefaultIdleInTransactionTimeout = 10 * time.Second
+	DefaultApplicationName          = "dam"
+)
+
+// Store decides records and keeps progress over a PostgreSQL pool.
+type Store struct {
+	pool *pgxpool.Pool
+	owns bool
+}
+
+// Open builds a pool for dsn (URL or keyword/value form; parameters such as
+// search_path and pool_max_conns keep working) whose sessions set cfg's
+// timeouts. Settings given in the DSN win over cfg. It does not connect:
+// an unreachable server shows up as ErrUnavailable on first use, so a
+// sidecar can start (and report not-ready) while PostgreSQL is down.
+func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dsn: %w", ErrInvalid, err)
+	}
+	if cfg.MaxConns > 0 {
+		pc.MaxConns = cfg.MaxConns
+	}
+	cc := pc.ConnConfig
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = orDefault(cfg.ConnectTimeout, DefaultConnectTimeout)
+	}
+	setParam(cc.RuntimeParams, "statement_timeout", cfg.StatementTimeout, DefaultStatementTimeout)
+	setParam(cc.RuntimeParams, "lock_timeout", cfg.LockTimeout, DefaultLockTimeout)
+	setParam(cc.RuntimeParams, "idle_in_transaction_session_timeout", cfg.IdleInTransactionTimeout, DefaultIdleInTransactionTimeout)
+	if _, ok := cc.RuntimeParams["application_name"]; !ok {
+		name := cfg.ApplicationName
+		if name == "" {
+			name = DefaultApplicationName
+		}
+		cc.RuntimeParams["application_name"] = name
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, classify("open", err)
+	}
+	return &Store{pool: pool, owns: true}, nil
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func setParam(params map[string]string, name string, d, def time.Duration) {
+	if _, ok := params[name]; ok {
+		return
+	}
+	d = orDefault(d, def)
+	if d < 0 {
+		return
+	}
+	params[name] = strconv.FormatInt(d.Milliseconds(), 10)
+}
+
+// NewStore uses a pool the caller built and owns: Close does not close it.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Pool returns the underlying pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Close closes the pool if Open built it.
+func (s *Store) Close() {
+	if s.owns {
+		s.pool.Close()
+	}
+}
+
+// Ping checks that the store answers (for readiness).
+func (s *Store) Ping(ctx context.Context) error {
+	return classify("ping", s.pool.Ping(ctx))
+}
+
+// classify wraps err with the operation and, when retrying may succeed or
+// the outcome is unknown, with ErrUnavailable. PostgreSQL errors are told
+// apart by SQLSTATE, others by type; never by message text.
+func classify(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrFenced) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrNotFound) {
+		return err
+	}
+	if retryable(err) {
+		return fmt.Errorf("dedup: %s: %w: %w", op, ErrUnavailable, err)
+	}
+	return fmt.Errorf("dedup: %s: %w", op, err)
+}
+
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		code := pgErr.SQLState()
+		switch code {
+		case "40001", // serialization_failure
+			"40P01", // deadlock_detected
+			"55P03", // lock_not_available (lock_timeout)
+			"57014", // query_canceled (statement_timeout)
+			"57P01", // admin_shutdown
+			"57P02", // crash_shutdown
+			"57P03", // cannot_connect_now
+			"25P03": // idle_in_transaction_session_timeout
+			return true
+		}
+		switch code[:2] {
+		case "08", // connection exception
+			"53": // insufficient resources (too many connections, disk full)
+			return true
+		}
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		pgconn.SafeToRetry(err) || pgconn.Timeout(err)
+}
