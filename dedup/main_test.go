@@ -12,9 +12,9 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// exampleDSN returns the schema shared by the testable examples.
+// exampleDSN returns a fresh schema for a testable example.
 func exampleDSN() string {
-	dsn, err := pgtest.Shared()
+	dsn, err := pgtest.Schema()
 	if err != nil {
 		panic(err)
 	}

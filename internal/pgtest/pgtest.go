@@ -38,10 +38,8 @@ var (
 	baseDSN  string
 	setupErr error
 
-	sharedOnce sync.Once
-	sharedDSN  string
-	sharedErr  error
-	sharedDrop func()
+	dropMu sync.Mutex
+	drops  []func() // schemas made by Schema, dropped after the tests
 )
 
 // Main is the body of a package's TestMain: it finds or starts the server,
@@ -78,9 +76,11 @@ func run(m *testing.M) int {
 		}
 	}
 	code := m.Run()
-	if sharedDrop != nil {
-		sharedDrop()
+	dropMu.Lock()
+	for _, drop := range drops {
+		drop()
 	}
+	dropMu.Unlock()
 	return code
 }
 
@@ -109,14 +109,17 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
-// Shared returns the DSN of one migrated schema shared by the whole test
-// binary and dropped after the tests: for testable examples and benchmarks,
-// which cannot take a *testing.T.
-func Shared() (string, error) {
-	sharedOnce.Do(func() {
-		sharedDSN, sharedDrop, sharedErr = NewSchema(context.Background())
-	})
-	return sharedDSN, sharedErr
+// Schema is DSN for code that cannot take a testing.TB (testable examples):
+// the schema is dropped after all the package's tests have run.
+func Schema() (string, error) {
+	dsn, drop, err := NewSchema(context.Background())
+	if err != nil {
+		return "", err
+	}
+	dropMu.Lock()
+	drops = append(drops, drop)
+	dropMu.Unlock()
+	return dsn, nil
 }
 
 // Base returns the server's DSN (no schema selected), or the reason there

@@ -1,0 +1,31 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ReadProgress returns p's current epoch and P without taking ownership.
+// A decider uses it to learn the outcome of a batch whose reply was lost:
+// P at the batch's End means it committed, P at its Start means it did
+// not, another epoch means another owner. (Acquire would bump the epoch and
+// could fence a legitimate new owner from a zombie.) A partition never
+// acquired has epoch 0.
+func (s *Store) ReadProgress(ctx context.Context, p Partition) (Progress, error) {
+	var pr Progress
+	var next *int64
+	err := s.pool.QueryRow(ctx, `SELECT epoch, next_offset FROM progress WHERE grp = $1 AND topic = $2 AND part = $3`,
+		p.Group, p.Topic, p.Partition).Scan(&pr.Epoch, &next)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Progress{}, nil
+	}
+	if err != nil {
+		return Progress{}, classify("read progress", err)
+	}
+	if next != nil {
+		pr.Next, pr.HasNext = *next, true
+	}
+	return pr, nil
+}
