@@ -1,8 +1,196 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os/signal"
+	"syscall"
+	"time"
 
-// TODO(owner of this file): replace this placeholder with the real command.
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/migrations"
+	"github.com/dam-dedup/dam/pipeline"
+)
+
 func newRunCmd() *cobra.Command {
-	return &cobra.Command{Use: "run", Short: "(not yet built)", Hidden: true}
+	var path string
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the sidecar: consume, decide, deliver, commit",
+		Long: `Run the sidecar with the configuration in --config (YAML, overlaid by
+DAM_* environment variables). SIGTERM or SIGINT finishes the batches in
+flight, commits, leaves the group and exits 0.`,
+		Args: argsUsage(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(path)
+			if err != nil {
+				return err
+			}
+			log, err := newLogger(cfg.Log)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			defer func() { _ = log.Sync() }()
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runSidecar(ctx, cfg, log, prometheus.NewRegistry(), nil)
+		},
+	}
+	cmd.Flags().StringVarP(&path, "config", "c", "dam.yaml", "configuration file")
+	return cmd
+}
+
+// newLogger builds the process logger from log.level and log.format.
+func newLogger(c config.Log) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(c.Level)
+	if err != nil {
+		return nil, fmt.Errorf("log.level: %w", err)
+	}
+	zc := zap.NewProductionConfig()
+	if c.Format == "console" {
+		zc = zap.NewDevelopmentConfig()
+		zc.EncoderConfig.EncodeLevel = zapcore.CapitalColorLevelEncoder
+	}
+	zc.Level = zap.NewAtomicLevelAt(level)
+	zc.DisableStacktrace = true
+	return zc.Build()
+}
+
+// sidecarHooks lets the demo observe a running sidecar.
+type sidecarHooks struct {
+	// started is called once the HTTP listener and the pipeline exist.
+	started func(pl *pipeline.Pipeline, httpAddr string)
+	// pipelineOpts are extra pipeline options.
+	pipelineOpts []pipeline.Option
+}
+
+// runSidecar runs the pipeline and the HTTP server (/metrics, /healthz,
+// /readyz) until ctx is canceled or one of them fails.
+func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *prometheus.Registry, hooks *sidecarHooks) error {
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	log = log.With(zap.String("group", cfg.Kafka.Group))
+
+	if cfg.Postgres.Migrate {
+		if err := migrateWithRetry(ctx, cfg, log); err != nil {
+			return err
+		}
+	}
+	store, err := dedup.Open(ctx, cfg.Postgres.DSN, dedup.Config{
+		MaxConns:                 cfg.Postgres.MaxConns,
+		StatementTimeout:         cfg.Postgres.StatementTimeout,
+		LockTimeout:              cfg.Postgres.LockTimeout,
+		IdleInTransactionTimeout: cfg.Postgres.IdleInTransactionTimeout,
+	})
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer store.Close()
+
+	opts := []pipeline.Option{pipeline.WithLogger(log), pipeline.WithRegisterer(reg)}
+	if hooks != nil {
+		opts = append(opts, hooks.pipelineOpts...)
+	}
+	pl, err := pipeline.New(cfg, store, opts...)
+	if err != nil {
+		return usageError{err}
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	var srv *http.Server
+	addr := ""
+	if cfg.HTTP.Listen != "" {
+		ln, err := net.Listen("tcp", cfg.HTTP.Listen)
+		if err != nil {
+			return fmt.Errorf("http.listen: %w", err)
+		}
+		addr = ln.Addr().String()
+		srv = &http.Server{Handler: httpHandler(reg, pl), ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("http: %w", err)
+			}
+			return nil
+		})
+		log.Info("http listening", zap.String("addr", addr))
+	}
+	pipeCtx, stopPipe := context.WithCancel(gctx)
+	defer stopPipe()
+	g.Go(func() error {
+		err := pl.Run(pipeCtx)
+		// The pipeline is the process: once it has stopped, so does HTTP.
+		if srv != nil {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}
+		return err
+	})
+	if hooks != nil && hooks.started != nil {
+		hooks.started(pl, addr)
+	}
+	return g.Wait()
+}
+
+// httpHandler serves /metrics, /healthz (the process is up) and /readyz
+// (the pipeline is making progress; 503 with the reason otherwise).
+func httpHandler(reg *prometheus.Registry, pl *pipeline.Pipeline) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := pl.Ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+// migrateWithRetry applies the migrations at start (postgres.migrate),
+// waiting with capped backoff while PostgreSQL is unreachable.
+func migrateWithRetry(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval = cfg.Pipeline.RetryMin, cfg.Pipeline.RetryMax
+	for {
+		err := func() error {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			conn, err := pgx.Connect(cctx, cfg.Postgres.DSN)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+			return migrations.Up(ctx, conn)
+		}()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		wait := bo.NextBackOff()
+		log.Warn("postgres: migrating failed; retrying", zap.Duration("retry_in", wait), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }

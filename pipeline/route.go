@@ -1,0 +1,154 @@
+package pipeline
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dam-dedup/dam/canon"
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
+)
+
+// Header names dam writes.
+const (
+	HeaderError           = "dam-error"            // dead letter: why the record is bad
+	HeaderSourceTopic     = "dam-source-topic"     // dead letter: input topic
+	HeaderSourcePartition = "dam-source-partition" // dead letter: input partition
+	HeaderSourceOffset    = "dam-source-offset"    // dead letter: input offset
+	HeaderDuplicate       = "dam-duplicate"        // shadow mode: "true" on a would-be duplicate
+)
+
+// route is one configured route, compiled: its hasher and identity
+// extractor are built once and shared by the route's partition workers.
+type route struct {
+	service  string
+	from     string
+	to       string
+	dlq      string
+	shadow   bool
+	preserve bool
+	// forwardUndecided passes records through undecided while the store is
+	// down (on_store_failure: forward) instead of pausing.
+	forwardUndecided bool
+	hasher           *canon.Hasher
+	entity           entityFunc
+}
+
+func compileRoute(rc config.Route) (*route, error) {
+	format, err := canon.ParseFormat(rc.Format)
+	if err != nil {
+		return nil, err
+	}
+	h, err := canon.New(
+		canon.WithFormat(format),
+		canon.WithIgnore(rc.Ignore...),
+		canon.WithMaxDepth(rc.MaxDepth),
+		canon.WithMaxSize(rc.MaxSize),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("route %s: %w", rc.Service, err)
+	}
+	r := &route{
+		service:          rc.Service,
+		from:             rc.From,
+		to:               rc.To,
+		dlq:              rc.DeadLetter,
+		shadow:           rc.Shadow,
+		preserve:         rc.Partitioning == "preserve",
+		forwardUndecided: rc.OnStoreFailure == "forward",
+		hasher:           h,
+	}
+	src := rc.EntitySource()
+	switch src.Kind {
+	case config.EntityPointer:
+		r.entity = pointerEntity(src.Pointer)
+	case config.EntityHeader:
+		r.entity = headerEntity(src.Header)
+	default:
+		r.entity = keyEntity
+	}
+	return r, nil
+}
+
+// classify computes a record's identity and digest. A non-nil error means
+// bad input: the record is dead-lettered or halts its partition.
+func (rt *route) classify(r *kgo.Record) (dedup.Record, error) {
+	rec := dedup.Record{Offset: r.Offset}
+	entity, err := rt.entity(r)
+	if err == nil {
+		rec.Entity = entity
+		rec.Digest, err = rt.hasher.Sum(r.Value)
+	}
+	if err != nil {
+		rec.Invalid = true
+		return rec, err
+	}
+	return rec, nil
+}
+
+// output builds the record delivered downstream: key, value, headers and
+// timestamp kept; the partition kept too with partitioning: preserve.
+func (rt *route) output(r *kgo.Record, duplicate bool) *kgo.Record {
+	out := &kgo.Record{
+		Topic:     rt.to,
+		Key:       r.Key,
+		Value:     r.Value,
+		Timestamp: r.Timestamp,
+	}
+	if rt.preserve {
+		out.Partition = r.Partition
+	}
+	n := len(r.Headers)
+	if duplicate {
+		n++
+	}
+	if n > 0 {
+		out.Headers = make([]kgo.RecordHeader, 0, n)
+		out.Headers = append(out.Headers, r.Headers...)
+		if duplicate {
+			out.Headers = append(out.Headers, kgo.RecordHeader{Key: HeaderDuplicate, Value: []byte("true")})
+		}
+	}
+	return out
+}
+
+// deadLetter builds the dead letter of a bad record, with headers naming the
+// error and where the record came from.
+func (rt *route) deadLetter(r *kgo.Record, cause error) *kgo.Record {
+	h := make([]kgo.RecordHeader, 0, len(r.Headers)+4)
+	h = append(h, r.Headers...)
+	h = append(h,
+		kgo.RecordHeader{Key: HeaderError, Value: []byte(cause.Error())},
+		kgo.RecordHeader{Key: HeaderSourceTopic, Value: []byte(r.Topic)},
+		kgo.RecordHeader{Key: HeaderSourcePartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
+		kgo.RecordHeader{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+	)
+	return &kgo.Record{Topic: rt.dlq, Key: r.Key, Value: r.Value, Headers: h, Timestamp: r.Timestamp}
+}
+
+// partitioner sends records of preserve routes to the partition they carry
+// and everything else by key with Kafka's default (murmur2, as the Java
+// client does).
+type partitioner struct {
+	preserve map[string]bool
+	byKey    kgo.Partitioner
+}
+
+func newPartitioner(routes []*route) kgo.Partitioner {
+	p := &partitioner{preserve: map[string]bool{}, byKey: kgo.StickyKeyPartitioner(nil)}
+	for _, r := range routes {
+		if r.preserve {
+			p.preserve[r.to] = true
+		}
+	}
+	return p
+}
+
+func (p *partitioner) ForTopic(t string) kgo.TopicPartitioner {
+	if p.preserve[t] {
+		return kgo.ManualPartitioner().ForTopic(t)
+	}
+	return p.byKey.ForTopic(t)
+}
