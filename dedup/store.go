@@ -132,7 +132,7 @@ func classify(op string, err error) error {
 		return err
 	}
 	if retryable(err) {
-		return fmt.Errorf("dedup: %s: %w: %w", op, ErrUnavailable, err)
+		return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
 	}
 	return fmt.Errorf("dedup: %s: %w", op, err)
 }
