@@ -38,11 +38,17 @@ type Error struct {
 
 // Error returns "canon: invalid JSON at byte N: REASON".
 func (e *Error) Error() string {
+	return fmt.Sprintf("canon: invalid JSON at byte %d: %s", e.Offset, e.Reason())
+}
+
+// Reason returns what is wrong without the prefix and offset, e.g.
+// `duplicate member: "a"`, for callers that report the position their way.
+func (e *Error) Reason() string {
 	reason := strings.TrimPrefix(e.Err.Error(), "canon: ")
 	if e.Detail != "" {
 		reason += ": " + e.Detail
 	}
-	return fmt.Sprintf("canon: invalid JSON at byte %d: %s", e.Offset, reason)
+	return reason
 }
 
 // Unwrap returns the sentinel, for errors.Is.
