@@ -1,0 +1,170 @@
+package dedup_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/dam-dedup/dam/canon"
+	"github.com/dam-dedup/dam/dedup"
+)
+
+const (
+	benchEntities   = 100_000
+	benchRecords    = 30_000 // per iteration
+	benchPartitions = 3      // deciding in parallel, as a 3-partition topic
+	benchDupRate    = 0.30
+)
+
+// benchStream generates records whose content repeats the entity's previous
+// content benchDupRate of the time, keyed to partitions by entity like a
+// keyed Kafka topic, and knows the decision each record must get.
+type benchStream struct {
+	rng  *rand.Rand
+	last []uint64 // per entity: last content
+	seq  uint64
+}
+
+type benchRec struct {
+	entity []byte
+	digest canon.Digest
+	want   dedup.Decision
+}
+
+func newBenchStream() *benchStream {
+	st := &benchStream{rng: rand.New(rand.NewPCG(1, 2)), last: make([]uint64, benchEntities)}
+	for i := range st.last {
+		st.seq++
+		st.last[i] = st.seq
+	}
+	return st
+}
+
+func benchDigest(content uint64) canon.Digest {
+	var d canon.Digest
+	d[0] = byte(canon.SchemeJSON1)
+	for i := 0; i < 8; i++ {
+		d[1+i] = byte(content >> (8 * i))
+	}
+	return d
+}
+
+func benchEntity(i int) []byte { return []byte(fmt.Sprintf("entity-%06d", i)) }
+
+// next returns benchRecords records split by partition.
+func (st *benchStream) next() [benchPartitions][]benchRec {
+	var parts [benchPartitions][]benchRec
+	for range benchRecords {
+		e := st.rng.IntN(benchEntities)
+		r := benchRec{entity: benchEntity(e), want: dedup.Duplicate}
+		if st.rng.Float64() >= benchDupRate {
+			st.seq++
+			st.last[e] = st.seq
+			r.want = dedup.Forward
+		}
+		r.digest = benchDigest(st.last[e])
+		parts[e%benchPartitions] = append(parts[e%benchPartitions], r)
+	}
+	return parts
+}
+
+// BenchmarkDecide measures decided records per second against the test
+// server: percas is the seeds' design (one autocommit Check statement per
+// record), batch=N is Decide with N records per transaction. Every variant
+// runs benchPartitions deciders in parallel over a warmed state of
+// benchEntities identities. Compare records/s, not ns/op.
+func BenchmarkDecide(b *testing.B) {
+	b.Run("percas", func(b *testing.B) { benchDecide(b, 0) })
+	for _, n := range []int{100, 1000, 10000} {
+		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) { benchDecide(b, n) })
+	}
+}
+
+func benchDecide(b *testing.B, batch int) {
+	ctx := context.Background()
+	s := newStore(b)
+	st := newBenchStream()
+	var parts [benchPartitions]dedup.Partition
+	var epochs, next [benchPartitions]int64
+	for i := range parts {
+		parts[i], epochs[i] = partition(b, s, fmt.Sprint("bench-", i))
+	}
+	// Warm the state: every entity has its first content stored.
+	warm := &dedup.Batch{Service: "bench", Partition: parts[0], Epoch: epochs[0]}
+	for lo := 0; lo < benchEntities; lo += 10000 {
+		warm.Start, warm.End, warm.Records = next[0], next[0]+10000, warm.Records[:0]
+		for i := lo; i < lo+10000; i++ {
+			warm.Records = append(warm.Records, dedup.Record{Offset: next[0] + int64(i-lo), Entity: benchEntity(i), Digest: benchDigest(st.last[i])})
+		}
+		if _, err := s.Decide(ctx, warm, nil); err != nil {
+			b.Fatal(err)
+		}
+		next[0] = warm.End
+	}
+	_, _ = s.Pool().Exec(ctx, "VACUUM ANALYZE state")
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		recs := st.next()
+		b.StartTimer()
+		var wg sync.WaitGroup
+		errs := make([]error, benchPartitions)
+		for pi := range benchPartitions {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if batch == 0 {
+					errs[pi] = benchPerCAS(ctx, s, recs[pi])
+				} else {
+					errs[pi] = benchBatches(ctx, s, parts[pi], epochs[pi], &next[pi], recs[pi], batch)
+				}
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.N*benchRecords)/b.Elapsed().Seconds(), "records/s")
+}
+
+func benchPerCAS(ctx context.Context, s *dedup.Store, recs []benchRec) error {
+	for _, r := range recs {
+		d, err := s.Check(ctx, "bench", r.entity, r.digest)
+		if err != nil {
+			return err
+		}
+		if d != r.want {
+			return fmt.Errorf("entity %s: %v, want %v", r.entity, d, r.want)
+		}
+	}
+	return nil
+}
+
+func benchBatches(ctx context.Context, s *dedup.Store, p dedup.Partition, epoch int64, next *int64, recs []benchRec, n int) error {
+	b := &dedup.Batch{Service: "bench", Partition: p, Epoch: epoch}
+	var out []dedup.Decision
+	for lo := 0; lo < len(recs); lo += n {
+		hi := min(lo+n, len(recs))
+		b.Start, b.End, b.Records = *next, *next+int64(hi-lo), b.Records[:0]
+		for i, r := range recs[lo:hi] {
+			b.Records = append(b.Records, dedup.Record{Offset: b.Start + int64(i), Entity: r.entity, Digest: r.digest})
+		}
+		var err error
+		if out, err = s.Decide(ctx, b, out); err != nil {
+			return err
+		}
+		for i, d := range out {
+			if d != recs[lo+i].want {
+				return fmt.Errorf("entity %s: %v, want %v", recs[lo+i].entity, d, recs[lo+i].want)
+			}
+		}
+		*next = b.End
+	}
+	return nil
+}
+
