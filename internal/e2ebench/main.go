@@ -1,0 +1,582 @@
+// Command e2ebench is dam's end-to-end benchmark (not a timed test). In one
+// run, on the same broker and database setup, it compares:
+//
+//   - passthrough: consume, produce the batch, wait for the acks, commit,
+//     with the pipeline's franz-go settings: the ceiling;
+//   - naive: the seeds' design, per record a hash, an autocommit CAS
+//     statement in PostgreSQL, a produce if forwarded and a synchronous
+//     offset commit; run on a prefix of the stream (-naive-records);
+//   - dam: the real binary, `dam run`, on its own fresh schema.
+//
+// Each variant gets a fresh in-process kfake cluster with the input
+// pre-produced, then runs as its own process (passthrough and naive are
+// this program with -child) so that peak RSS (VmHWM) is read the same way.
+// Throughput is measured on the backlog, from the process start until the
+// group's committed offsets reach the end offsets; latency (poll to commit,
+// the dam_poll_to_commit_seconds histogram scraped from /metrics) in a
+// following steady phase at -rate records/s produced live.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dam-dedup/dam/internal/pglocal"
+	"github.com/dam-dedup/dam/migrations"
+)
+
+const (
+	envDSN     = "DAM_TEST_POSTGRES_DSN"
+	defaultDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	partitions = 6
+	group      = "e2ebench"
+)
+
+type options struct {
+	records, entities, naiveRecords int
+	rate                            int
+	steady                          time.Duration
+	dupRate                         float64
+	dsn                             string
+	variants                        string
+	batchSize, maxInFlight          int
+	maxConns                        int
+	damBin                          string
+}
+
+func main() {
+	var o options
+	var ca childArgs
+	flag.StringVar(&ca.kind, "child", "", "internal: run as the passthrough or naive child")
+	flag.StringVar(&ca.brokers, "brokers", "", "internal (child): broker")
+	flag.StringVar(&ca.group, "group", group, "internal (child): consumer group")
+	flag.StringVar(&ca.in, "in", "", "internal (child): input topic")
+	flag.StringVar(&ca.out, "out", "", "internal (child): output topic")
+	flag.StringVar(&ca.http, "http", "", "internal (child): /metrics listen address")
+	flag.IntVar(&o.records, "records", 1_000_000, "records in the backlog (passthrough and dam)")
+	flag.IntVar(&o.entities, "entities", 100_000, "distinct entities (record keys)")
+	flag.IntVar(&o.naiveRecords, "naive-records", 50_000, "records in the naive variant's backlog (a prefix of the same stream)")
+	flag.IntVar(&o.rate, "rate", 1000, "records/s produced live in the steady phase")
+	flag.DurationVar(&o.steady, "steady", 5*time.Second, "duration of the steady phase")
+	flag.Float64Var(&o.dupRate, "dup-rate", 0.30, "share of records repeating their entity's content")
+	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $"+envDSN+", else "+defaultDSN+", else a throwaway local cluster)")
+	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam", "variants to run")
+	flag.IntVar(&o.batchSize, "batch-size", 0, "dam pipeline.batch_size (0: dam's default)")
+	flag.IntVar(&o.maxInFlight, "max-in-flight", 0, "dam pipeline.max_in_flight (0: dam's default)")
+	flag.IntVar(&o.maxConns, "max-conns", 0, "dam postgres.max_conns (0: dam's default)")
+	flag.StringVar(&o.damBin, "dam", "", "dam binary (default: build ./cmd/dam)")
+	flag.Parse()
+
+	if ca.kind != "" {
+		ca.dsn = o.dsn
+		if err := runChild(ca); err != nil {
+			fmt.Fprintf(os.Stderr, "e2ebench -child %s: %v\n", ca.kind, err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(o); err != nil {
+		fmt.Fprintf(os.Stderr, "e2ebench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "e2ebench: "+format+"\n", args...)
+}
+
+// result is one variant's measurements.
+type result struct {
+	variant   string
+	records   int
+	elapsed   time.Duration
+	forwarded int64
+	backlog   quantiles // poll-to-commit over the backlog phase
+	steady    quantiles // poll-to-commit over the steady phase
+	steadyN   int
+	saturated bool // could not keep up with the steady rate: its latency is queueing
+	rssKB     int64
+}
+
+func (r result) rate() float64 { return float64(r.records) / r.elapsed.Seconds() }
+
+func run(o options) error {
+	start := time.Now()
+	ctx := context.Background()
+	dsn, stopPG, err := postgres(ctx, o.dsn)
+	if err != nil {
+		return err
+	}
+	defer stopPG()
+
+	tmp, err := os.MkdirTemp("", "e2ebench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if strings.Contains(o.variants, "dam") && o.damBin == "" {
+		o.damBin = filepath.Join(tmp, "dam")
+		logf("building dam")
+		build := exec.Command("go", "build", "-o", o.damBin, "./cmd/dam")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("go build ./cmd/dam: %w", err)
+		}
+	}
+
+	var results []result
+	for _, v := range strings.Split(o.variants, ",") {
+		n := o.records
+		if v == "naive" {
+			n = min(o.naiveRecords, o.records)
+		}
+		r, err := runVariant(ctx, o, v, n, dsn, self, tmp)
+		if err != nil {
+			return fmt.Errorf("%s: %w", v, err)
+		}
+		results = append(results, r)
+	}
+	printTable(os.Stdout, o, results)
+	fmt.Printf("e2ebench took %s\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// postgres returns a reachable DSN: -dsn, $DAM_TEST_POSTGRES_DSN, the local
+// default, or a throwaway cluster (stopped by the returned function).
+func postgres(ctx context.Context, dsn string) (string, func(), error) {
+	if dsn == "" {
+		dsn = os.Getenv(envDSN)
+	}
+	if dsn == "" {
+		dsn = defaultDSN
+	}
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	err := pglocal.Reachable(cctx, dsn)
+	cancel()
+	if err == nil {
+		return dsn, func() {}, nil
+	}
+	logf("%s unreachable (%v): starting a throwaway PostgreSQL", dsn, err)
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	c, err := pglocal.Start(sctx, logf)
+	if err != nil {
+		return "", nil, err
+	}
+	return c.DSN(), func() {
+		if err := c.Stop(); err != nil {
+			logf("%v", err)
+		}
+	}, nil
+}
+
+// freshSchema creates an empty schema and returns a DSN selecting it and a
+// function dropping it.
+func freshSchema(ctx context.Context, base, variant string) (string, func(), error) {
+	schema := fmt.Sprintf("e2ebench_%s_%d", variant, time.Now().UnixNano())
+	exec := func(sql string) error {
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, sql)
+		return err
+	}
+	if err := exec("CREATE SCHEMA " + schema); err != nil {
+		return "", nil, err
+	}
+	var dsn string
+	if strings.HasPrefix(base, "postgres://") || strings.HasPrefix(base, "postgresql://") {
+		sep := "?"
+		if strings.Contains(base, "?") {
+			sep = "&"
+		}
+		dsn = base + sep + "search_path=" + schema
+	} else {
+		dsn = base + " search_path=" + schema
+	}
+	if variant == "naive" { // dam migrates its own schema (postgres.migrate)
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return "", nil, err
+		}
+		err = migrations.Up(ctx, conn)
+		conn.Close(ctx)
+		if err != nil {
+			return "", nil, err
+		}
+	}
+	return dsn, func() {
+		if err := exec("DROP SCHEMA " + schema + " CASCADE"); err != nil {
+			logf("drop schema %s: %v", schema, err)
+		}
+	}, nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// produce writes n records of the workload to topic, asynchronously with
+// batching, and waits for every ack.
+func produce(ctx context.Context, cl *kgo.Client, topic string, w *workload, n int, perSecond int) error {
+	errc := make(chan error, 1)
+	cb := func(_ *kgo.Record, err error) {
+		if err != nil {
+			select {
+			case errc <- err:
+			default:
+			}
+		}
+	}
+	t0 := time.Now()
+	for i := range n {
+		if perSecond > 0 {
+			due := t0.Add(time.Duration(float64(i) / float64(perSecond) * float64(time.Second)))
+			if d := time.Until(due); d > 0 {
+				time.Sleep(d)
+			}
+		}
+		k, v := w.next()
+		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: k, Value: v}, cb)
+	}
+	if err := cl.Flush(ctx); err != nil {
+		return err
+	}
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// caughtUp reports whether the group's committed offsets have reached the
+// end offsets of every partition of topic.
+func caughtUp(ctx context.Context, adm *kadm.Client, topic string) (bool, error) {
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return false, err
+	}
+	committed, err := adm.FetchOffsets(ctx, group)
+	if err != nil {
+		return false, err
+	}
+	done := true
+	ends.Each(func(e kadm.ListedOffset) {
+		if e.Offset == 0 {
+			return
+		}
+		c, ok := committed.Lookup(e.Topic, e.Partition)
+		if !ok || c.At < e.Offset {
+			done = false
+		}
+	})
+	return done, nil
+}
+
+func waitCaughtUp(ctx context.Context, adm *kadm.Client, topic string, alive func() error, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := caughtUp(ctx, adm, topic)
+		if err == nil && ok {
+			return nil
+		}
+		if err := alive(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not caught up after %s (last error: %v)", timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func endSum(ctx context.Context, adm *kadm.Client, topic string) (int64, error) {
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	ends.Each(func(e kadm.ListedOffset) { n += e.Offset })
+	return n, nil
+}
+
+func scrape(addr string) (histogram, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return histogram{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return histogram{}, err
+	}
+	return parseHistogram(string(body), histName), nil
+}
+
+// vmHWM returns the process's peak resident set size in kB.
+func vmHWM(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			f := strings.Fields(line)
+			if len(f) >= 2 {
+				return strconv.ParseInt(f[1], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
+}
+
+func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, self, tmp string) (result, error) {
+	res := result{variant: variant, records: n}
+	in, out := "input", "output"
+	if variant == "naive" {
+		in, out = "input-naive", "output-naive"
+	}
+	port, err := freePort()
+	if err != nil {
+		return res, err
+	}
+	cluster, err := kfake.NewCluster(kfake.Ports(port), kfake.SeedTopics(partitions, in, out))
+	if err != nil {
+		return res, fmt.Errorf("kfake: %w", err)
+	}
+	defer cluster.Close()
+	broker := cluster.ListenAddrs()[0]
+	prod, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ProducerLinger(5*time.Millisecond),
+		kgo.MaxBufferedRecords(50000), kgo.ProducerBatchMaxBytes(1<<20))
+	if err != nil {
+		return res, err
+	}
+	defer prod.Close()
+	adm := kadm.NewClient(prod)
+
+	w := newWorkload(o.entities, o.dupRate)
+	t0 := time.Now()
+	if err := produce(ctx, prod, in, w, n, 0); err != nil {
+		return res, fmt.Errorf("pre-producing: %w", err)
+	}
+	logf("%s: %d records pre-produced in %s", variant, n, time.Since(t0).Round(time.Millisecond))
+
+	dsn, drop, err := freshSchema(ctx, baseDSN, variant)
+	if err != nil {
+		return res, err
+	}
+	defer drop()
+	httpPort, err := freePort()
+	if err != nil {
+		return res, err
+	}
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", httpPort)
+
+	var cmd *exec.Cmd
+	var childOut strings.Builder
+	if variant == "dam" {
+		cfgPath := filepath.Join(tmp, "dam.yaml")
+		if err := os.WriteFile(cfgPath, []byte(damConfig(o, broker, dsn, httpAddr, in, out)), 0o600); err != nil {
+			return res, err
+		}
+		cmd = exec.Command(o.damBin, "run", "--config", cfgPath)
+		cmd.Stdout = os.Stderr
+	} else {
+		cmd = exec.Command(self, "-child", variant, "-brokers", broker, "-group", group,
+			"-in", in, "-out", out, "-dsn", dsn, "-http", httpAddr)
+		cmd.Stdout = &childOut
+	}
+	cmd.Stderr = os.Stderr
+	cmd.Env = os.Environ()
+	exited := make(chan error, 1)
+	begin := time.Now()
+	if err := cmd.Start(); err != nil {
+		return res, err
+	}
+	go func() { exited <- cmd.Wait() }()
+	var exitErr error
+	exitedEarly := false
+	alive := func() error {
+		select {
+		case exitErr = <-exited:
+			exitedEarly = true
+			return fmt.Errorf("process exited early: %v", exitErr)
+		default:
+			return nil
+		}
+	}
+	stopProc := func() {
+		if exitedEarly {
+			return
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(60 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		exitedEarly = true
+	}
+	defer stopProc()
+
+	if err := waitCaughtUp(ctx, adm, in, alive, 30*time.Minute); err != nil {
+		return res, err
+	}
+	res.elapsed = time.Since(begin)
+	logf("%s: %d records in %s: %.0f records/s", variant, n, res.elapsed.Round(time.Millisecond), res.rate())
+	// Observations are made right after a commit: let the last ones land
+	// so that none of the backlog's is counted in the steady phase.
+	time.Sleep(time.Second)
+	h0, err := scrape(httpAddr)
+	if err != nil {
+		return res, fmt.Errorf("scrape: %w", err)
+	}
+	res.backlog = h0.quantiles()
+
+	// Steady phase: produce live at the fixed rate, continuing the stream.
+	res.steadyN = int(float64(o.rate) * o.steady.Seconds())
+	if res.steadyN > 0 {
+		s0 := time.Now()
+		if err := produce(ctx, prod, in, w, res.steadyN, o.rate); err != nil {
+			return res, fmt.Errorf("steady produce: %w", err)
+		}
+		if err := waitCaughtUp(ctx, adm, in, alive, 5*time.Minute); err != nil {
+			return res, fmt.Errorf("steady: %w", err)
+		}
+		// Keeping up means finishing within a second of the last produce.
+		res.saturated = time.Since(s0) > o.steady+time.Second
+		time.Sleep(time.Second)
+		h1, err := scrape(httpAddr)
+		if err != nil {
+			return res, fmt.Errorf("scrape: %w", err)
+		}
+		res.steady = h1.sub(h0).quantiles()
+	}
+	if res.rssKB, err = vmHWM(cmd.Process.Pid); err != nil {
+		return res, err
+	}
+	if res.forwarded, err = endSum(ctx, adm, out); err != nil {
+		return res, err
+	}
+	stopProc()
+	if variant != "dam" {
+		var q quantiles
+		if err := json.Unmarshal([]byte(strings.TrimSpace(childOut.String())), &q); err == nil {
+			logf("%s: child's own quantiles over the whole run: count %.0f p50 %s p99 %s", variant, q.Count, ms(q.P50), ms(q.P99))
+		}
+	}
+	return res, nil
+}
+
+func damConfig(o options, broker, dsn, httpAddr, in, out string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "kafka:\n  brokers: [%q]\n  group: %s\n  start: earliest\n", broker, group)
+	fmt.Fprintf(&b, "postgres:\n  dsn: %q\n  migrate: true\n", dsn)
+	if o.maxConns > 0 {
+		fmt.Fprintf(&b, "  max_conns: %d\n", o.maxConns)
+	}
+	fmt.Fprintf(&b, "http:\n  listen: %q\nlog:\n  level: warn\n", httpAddr)
+	if o.batchSize > 0 || o.maxInFlight > 0 {
+		b.WriteString("pipeline:\n")
+		if o.batchSize > 0 {
+			fmt.Fprintf(&b, "  batch_size: %d\n", o.batchSize)
+		}
+		if o.maxInFlight > 0 {
+			fmt.Fprintf(&b, "  max_in_flight: %d\n", o.maxInFlight)
+		}
+	}
+	fmt.Fprintf(&b, "routes:\n  - service: e2e\n    from: %s\n    to: %s\n", in, out)
+	return b.String()
+}
+
+func ms(s float64) string {
+	if math.IsNaN(s) || s < 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1fms", s*1000)
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "MISS"
+}
+
+func printTable(w io.Writer, o options, rs []result) {
+	byName := map[string]result{}
+	for _, r := range rs {
+		byName[r.variant] = r
+	}
+	ratio := func(r result, base string) string {
+		b, ok := byName[base]
+		if !ok {
+			return "-"
+		}
+		return fmt.Sprintf("%.2fx", r.rate()/b.rate())
+	}
+	fmt.Fprintf(w, "workload: %d entities, %.0f%% duplicates, ~500 B JSON, %d partitions (kfake); steady phase %d records/s for %s\n",
+		o.entities, o.dupRate*100, partitions, o.rate, o.steady)
+	fmt.Fprintf(w, "naive runs on the first %d records (its own topic): compare records/s rates\n", min(o.naiveRecords, o.records))
+	fmt.Fprintf(w, "%-12s %9s %9s %10s %9s %9s %11s %11s %11s %8s\n",
+		"variant", "records", "forwarded", "records/s", "vs naive", "vs pass", "p50 steady", "p99 steady", "p99 backlog", "RSS MB")
+	for _, r := range rs {
+		if r.saturated {
+			r.variant += "*"
+		}
+		fmt.Fprintf(w, "%-12s %9d %9d %10.0f %9s %9s %11s %11s %11s %8.1f\n",
+			r.variant, r.records, r.forwarded, r.rate(), ratio(r, "naive"), ratio(r, "passthrough"),
+			ms(r.steady.P50), ms(r.steady.P99), ms(r.backlog.P99), float64(r.rssKB)/1024)
+	}
+	for _, r := range rs {
+		if r.saturated {
+			fmt.Fprintf(w, "* %s could not keep up with %d records/s: its steady latency is queueing time\n", r.variant, o.rate)
+		}
+	}
+	d, ok := byName["dam"]
+	if !ok {
+		return
+	}
+	fmt.Fprintln(w, "targets (dam):")
+	if n, ok := byName["naive"]; ok {
+		x := d.rate() / n.rate()
+		fmt.Fprintf(w, "  >= 15x naive          %8.2fx  %s\n", x, verdict(x >= 15))
+	}
+	if p, ok := byName["passthrough"]; ok {
+		x := d.rate() / p.rate()
+		fmt.Fprintf(w, "  >= 0.15x passthrough  %8.2fx  %s\n", x, verdict(x >= 0.15))
+	}
+	fmt.Fprintf(w, "  p99 (steady) < 100 ms %9s  %s\n", ms(d.steady.P99), verdict(d.steady.P99 < 0.1))
+	fmt.Fprintf(w, "  peak RSS < 200 MB     %7.1fMB  %s\n", float64(d.rssKB)/1024, verdict(d.rssKB < 200*1024))
+}
