@@ -1,0 +1,808 @@
+// Package e2e runs the real dam binary (`dam run`) as subprocesses against
+// an in-process Kafka broker (kfake, real wire protocol on loopback TCP) and
+// a real PostgreSQL, and checks the delivery protocol's promise end to end:
+// whatever kills, outages and rebalances happen, no forwarded record is
+// lost, nothing the model drops is forwarded, and per-entity order holds.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testkafka"
+)
+
+const (
+	inTopic    = "projections"
+	outTopic   = "delivery"
+	deadTopic  = "delivery.dlq"
+	partitions = 6
+)
+
+var (
+	damBin   string // the built binary
+	buildErr error
+)
+
+func TestMain(m *testing.M) {
+	// pgtest.Main exits the process, so the build directory cannot be
+	// removed after the tests: each run removes the ones of earlier runs.
+	if old, _ := filepath.Glob(filepath.Join(os.TempDir(), "dam-e2e-bin-*")); len(old) > 0 {
+		for _, d := range old {
+			if fi, err := os.Stat(d); err == nil && time.Since(fi.ModTime()) > time.Hour {
+				_ = os.RemoveAll(d)
+			}
+		}
+	}
+	dir, err := os.MkdirTemp("", "dam-e2e-bin-")
+	if err != nil {
+		buildErr = err
+	} else {
+		damBin, buildErr = buildDam(dir)
+	}
+	pgtest.Main(m)
+}
+
+func buildDam(dir string) (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("go env GOMOD: not inside the module")
+	}
+	bin := filepath.Join(dir, "dam")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/dam")
+	cmd.Dir = filepath.Dir(gomod)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/dam: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+func needBinary(t *testing.T) {
+	t.Helper()
+	if buildErr != nil {
+		t.Fatalf("building dam: %v", buildErr)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// broker is a kfake cluster on a fixed port, restartable with its data when
+// started with a data directory.
+type broker struct {
+	t       *testing.T
+	port    int
+	dataDir string
+	mu      sync.Mutex
+	c       *kfake.Cluster
+}
+
+func newBroker(t *testing.T, persistent bool) *broker {
+	t.Helper()
+	b := &broker{t: t, port: freePort(t)}
+	if persistent {
+		b.dataDir = filepath.Join(t.TempDir(), "kfake")
+	}
+	b.start()
+	t.Cleanup(b.stop)
+	return b
+}
+
+func (b *broker) addr() string { return fmt.Sprintf("127.0.0.1:%d", b.port) }
+
+func (b *broker) start() {
+	b.t.Helper()
+	opts := []kfake.Opt{kfake.Ports(b.port), kfake.SeedTopics(partitions, inTopic, outTopic, deadTopic)}
+	if b.dataDir != "" {
+		opts = append(opts, kfake.DataDir(b.dataDir), kfake.SyncWrites())
+	}
+	var c *kfake.Cluster
+	var err error
+	for i := 0; i < 50; i++ { // the port may take a moment to be free again
+		if c, err = kfake.NewCluster(opts...); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		b.t.Fatalf("kfake on port %d: %v", b.port, err)
+	}
+	b.mu.Lock()
+	b.c = c
+	b.mu.Unlock()
+}
+
+func (b *broker) stop() {
+	b.mu.Lock()
+	c := b.c
+	b.c = nil
+	b.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// sidecar is one `dam run` process (restartable).
+type sidecar struct {
+	t        *testing.T
+	name     string
+	cfgPath  string
+	httpAddr string
+	logDir   string
+	grace    time.Duration
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	done   chan struct{}
+	err    error
+	starts int
+	logs   []string
+}
+
+type sidecarOpts struct {
+	brokers string
+	dsn     string
+	grace   time.Duration
+}
+
+func newSidecar(t *testing.T, name string, o sidecarOpts) *sidecar {
+	t.Helper()
+	needBinary(t)
+	dir := t.TempDir()
+	if o.grace == 0 {
+		o.grace = 15 * time.Second
+	}
+	s := &sidecar{t: t, name: name, logDir: dir, grace: o.grace,
+		httpAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		cfgPath:  filepath.Join(dir, "dam.yaml")}
+	cfg := fmt.Sprintf(`kafka:
+  brokers: [%q]
+  group: dam-e2e
+  client_id: dam-%s
+  start: earliest
+  session_timeout: 6s
+  rebalance_timeout: 6s
+  transaction_timeout: 5s
+postgres:
+  dsn: %q
+  migrate: true
+  max_conns: 8
+  statement_timeout: 4s
+  lock_timeout: 2s
+  idle_in_transaction_timeout: 4s
+http:
+  listen: %q
+log:
+  level: info
+  format: json
+pipeline:
+  batch_size: 500
+  max_in_flight: 5000
+  shutdown_grace: %s
+  retry_min: 50ms
+  retry_max: 1s
+routes:
+  - service: e2e
+    from: %s
+    to: %s
+    dead_letter: %s
+`, o.brokers, name, o.dsn, s.httpAddr, o.grace, inTopic, outTopic, deadTopic)
+	if err := os.WriteFile(s.cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.mu.Lock()
+		running := s.cmd != nil
+		s.mu.Unlock()
+		if running {
+			s.kill()
+		}
+		if t.Failed() {
+			s.dumpLogs()
+		}
+	})
+	return s
+}
+
+func (s *sidecar) start() {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		s.t.Fatalf("%s: already running", s.name)
+	}
+	s.starts++
+	logPath := filepath.Join(s.logDir, fmt.Sprintf("%s-%d.log", s.name, s.starts))
+	f, err := os.Create(logPath)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cmd := exec.Command(damBin, "run", "--config", s.cfgPath)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		s.t.Fatalf("%s: start: %v", s.name, err)
+	}
+	s.logs = append(s.logs, logPath)
+	done := make(chan struct{})
+	s.cmd, s.done = cmd, done
+	go func() {
+		err := cmd.Wait()
+		f.Close()
+		s.mu.Lock()
+		s.err = err
+		s.mu.Unlock()
+		close(done)
+	}()
+}
+
+// running reports whether the process is alive (it has not exited).
+func (s *sidecar) running() bool {
+	s.mu.Lock()
+	done := s.done
+	s.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill sends SIGKILL and waits for the process to be gone.
+func (s *sidecar) kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+	s.mu.Lock()
+	s.cmd = nil
+	s.mu.Unlock()
+}
+
+// term sends SIGTERM and returns the exit error (nil: status 0) and how
+// long the process took to exit; it fails the test if it is not gone within
+// limit (and kills it).
+func (s *sidecar) term(limit time.Duration) (error, time.Duration) {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		s.t.Fatalf("%s: not running", s.name)
+	}
+	start := time.Now()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(limit):
+		s.t.Errorf("%s: still running %s after SIGTERM; killing it", s.name, limit)
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		<-done
+	}
+	took := time.Since(start)
+	s.mu.Lock()
+	s.cmd = nil
+	err := s.err
+	s.mu.Unlock()
+	return err, took
+}
+
+// checkAlive fails the test if the process exited on its own.
+func (s *sidecar) checkAlive() {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	select {
+	case <-done:
+		s.mu.Lock()
+		err := s.err
+		s.cmd = nil
+		s.mu.Unlock()
+		s.t.Errorf("%s exited by itself: %v", s.name, err)
+	default:
+	}
+}
+
+func (s *sidecar) dumpLogs() {
+	for _, p := range s.logs {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		if len(lines) > 40 {
+			lines = lines[len(lines)-40:]
+		}
+		s.t.Logf("--- tail of %s ---\n%s", filepath.Base(p), strings.Join(lines, "\n"))
+	}
+}
+
+// logContains reports whether any log of the sidecar has a line containing
+// sub.
+func (s *sidecar) logContains(sub string) bool {
+	s.mu.Lock()
+	logs := append([]string(nil), s.logs...)
+	s.mu.Unlock()
+	for _, p := range logs {
+		if data, err := os.ReadFile(p); err == nil && bytes.Contains(data, []byte(sub)) {
+			return true
+		}
+	}
+	return false
+}
+
+var httpClient = &http.Client{Timeout: 2 * time.Second}
+
+// halted returns the sum of dam_halted over services from /metrics.
+func (s *sidecar) halted() (float64, error) {
+	resp, err := httpClient.Get("http://" + s.httpAddr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("/metrics: %s", resp.Status)
+	}
+	sum, found := 0.0, false
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "dam_halted{") && !strings.HasPrefix(line, "dam_halted ") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("/metrics: %q: %v", line, err)
+		}
+		sum += v
+		found = true
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	if !found {
+		return 0, errNoSeries
+	}
+	return sum, nil
+}
+
+var errNoSeries = errors.New("/metrics: no dam_halted series yet")
+
+// ready returns /readyz's status code (0 when unreachable).
+func (s *sidecar) ready() int {
+	resp, err := httpClient.Get("http://" + s.httpAddr + "/readyz")
+	if err != nil {
+		return 0
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// waitReady waits for /readyz to answer 200.
+func (s *sidecar) waitReady(limit time.Duration) {
+	s.t.Helper()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if s.ready() == http.StatusOK {
+			return
+		}
+		s.checkAlive()
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.t.Fatalf("%s: not ready within %s", s.name, limit)
+}
+
+// loadgen produces n records over entities entities at a steady rate.
+type loadgen struct {
+	t        *testing.T
+	brokers  string
+	n        int
+	entities int
+	rate     int // records per second
+	produced atomic.Int64
+	done     chan struct{}
+	err      error
+}
+
+func startLoad(t *testing.T, brokers string, n, entities int, d time.Duration) *loadgen {
+	t.Helper()
+	g := &loadgen{t: t, brokers: brokers, n: n, entities: entities, rate: int(float64(n) / d.Seconds()), done: make(chan struct{})}
+	go func() {
+		defer close(g.done)
+		g.err = g.run()
+	}()
+	t.Cleanup(func() { <-g.done })
+	return g
+}
+
+func (g *loadgen) run() error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(g.brokers), kgo.DefaultProduceTopic(inTopic),
+		kgo.ProducerLinger(5*time.Millisecond), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	last := make([][]byte, g.entities)
+	version := make([]int, g.entities)
+	pad := strings.Repeat("x", 150)
+	const chunk = 100
+	tick := time.Duration(float64(time.Second) * chunk / float64(g.rate))
+	next := time.Now()
+	for sent := 0; sent < g.n; {
+		batch := make([]*kgo.Record, 0, chunk)
+		for ; len(batch) < chunk && sent < g.n; sent++ {
+			e := rng.IntN(g.entities)
+			if last[e] == nil || rng.Float64() >= 0.3 {
+				version[e]++
+				last[e] = fmt.Appendf(nil, `{"e":"k%d","v":%d,"seq":%d,"pad":%q}`, e, version[e], sent, pad)
+			}
+			batch = append(batch, &kgo.Record{Key: fmt.Appendf(nil, "k%d", e), Value: last[e]})
+		}
+		// Blocks (the client retries) while the broker is down: the input
+		// is never dropped, only delayed.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		err := cl.ProduceSync(ctx, batch...).FirstErr()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("load: produce: %w", err)
+		}
+		g.produced.Add(int64(len(batch)))
+		next = next.Add(tick)
+		if d := time.Until(next); d > 0 {
+			time.Sleep(d)
+		} else {
+			next = time.Now()
+		}
+	}
+	return nil
+}
+
+func (g *loadgen) wait(limit time.Duration) {
+	g.t.Helper()
+	select {
+	case <-g.done:
+	case <-time.After(limit):
+		g.t.Fatalf("load generator not done after %s (%d of %d produced)", limit, g.produced.Load(), g.n)
+	}
+	if g.err != nil {
+		g.t.Fatal(g.err)
+	}
+}
+
+// report is the checker's result.
+type report struct {
+	input, forwards int
+	lost, extra     int
+	falseForwards   int
+	orderErrors     int
+	dead            int
+	firstProblems   []string
+}
+
+func (r report) String() string {
+	return fmt.Sprintf("checked %d input, %d model forwards: lost %d, extra %d, false forwards %d, order errors %d, dead letters %d",
+		r.input, r.forwards, r.lost, r.extra, r.falseForwards, r.orderErrors, r.dead)
+}
+
+func sortRecs(rs []*kgo.Record) {
+	sort.Slice(rs, func(i, j int) bool {
+		if rs[i].Partition != rs[j].Partition {
+			return rs[i].Partition < rs[j].Partition
+		}
+		return rs[i].Offset < rs[j].Offset
+	})
+}
+
+// check compares the output topic with the last-seen model of the input.
+func check(brokers string) (report, error) {
+	in, err := testkafka.ReadAll(brokers, inTopic)
+	if err != nil {
+		return report{}, fmt.Errorf("reading %s: %w", inTopic, err)
+	}
+	out, err := testkafka.ReadAll(brokers, outTopic)
+	if err != nil {
+		return report{}, fmt.Errorf("reading %s: %w", outTopic, err)
+	}
+	dead, err := testkafka.ReadAll(brokers, deadTopic)
+	if err != nil {
+		return report{}, fmt.Errorf("reading %s: %w", deadTopic, err)
+	}
+	sortRecs(in)
+	sortRecs(out)
+	r := report{input: len(in), dead: len(dead)}
+	problem := func(f string, a ...any) {
+		if len(r.firstProblems) < 10 {
+			r.firstProblems = append(r.firstProblems, fmt.Sprintf(f, a...))
+		}
+	}
+	// The model: per entity, the values forwarded, in order.
+	prev := map[string]string{}
+	model := map[string][]string{}
+	modelSet := map[string]map[string]bool{}
+	for _, rec := range in {
+		k, v := string(rec.Key), string(rec.Value)
+		if p, ok := prev[k]; ok && p == v {
+			continue
+		}
+		prev[k] = v
+		model[k] = append(model[k], v)
+		if modelSet[k] == nil {
+			modelSet[k] = map[string]bool{}
+		}
+		modelSet[k][v] = true
+		r.forwards++
+	}
+	// The output: per entity, first occurrences in output order.
+	seen := map[string]map[string]bool{}
+	firsts := map[string][]string{}
+	for _, rec := range out {
+		k, v := string(rec.Key), string(rec.Value)
+		if !modelSet[k][v] {
+			r.falseForwards++
+			problem("false forward: entity %s value %.60s (partition %d offset %d)", k, v, rec.Partition, rec.Offset)
+			continue
+		}
+		if seen[k] == nil {
+			seen[k] = map[string]bool{}
+		}
+		if seen[k][v] {
+			r.extra++
+			continue
+		}
+		seen[k][v] = true
+		firsts[k] = append(firsts[k], v)
+	}
+	for k, vs := range model {
+		for _, v := range vs {
+			if !seen[k][v] {
+				r.lost++
+				problem("lost: entity %s value %.60s", k, v)
+			}
+		}
+		// Order: the delivered first occurrences are the model's forwards
+		// in model order (a subsequence of it while some are missing).
+		i := 0
+		for _, v := range firsts[k] {
+			for i < len(vs) && vs[i] != v {
+				i++
+			}
+			if i == len(vs) {
+				r.orderErrors++
+				problem("order: entity %s: %.60s delivered out of model order", k, v)
+				break
+			}
+			i++
+		}
+	}
+	return r, nil
+}
+
+// waitDelivered polls the checker until nothing is lost (or limit), then
+// returns the last report.
+func waitDelivered(t *testing.T, brokers string, limit time.Duration, alive ...*sidecar) report {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	var r report
+	var err error
+	for {
+		r, err = check(brokers)
+		if err == nil && r.lost == 0 {
+			return r
+		}
+		for _, s := range alive {
+			s.checkAlive()
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if err != nil {
+		t.Fatalf("checker: %v", err)
+	}
+	return r
+}
+
+// assertReport fails on any loss, false forward, order error or dead
+// letter; maxExtra < 0 allows any number of extras.
+func assertReport(t *testing.T, r report, maxExtra int) {
+	t.Helper()
+	t.Log(r)
+	for _, p := range r.firstProblems {
+		t.Log(p)
+	}
+	if r.forwards == 0 {
+		t.Fatal("checker: the model forwards nothing: the load did not reach the broker")
+	}
+	if r.lost != 0 || r.falseForwards != 0 || r.orderErrors != 0 || r.dead != 0 {
+		t.Errorf("delivery broken: %s", r)
+	}
+	if maxExtra >= 0 && r.extra > maxExtra {
+		t.Errorf("extra deliveries: %d, want at most %d", r.extra, maxExtra)
+	}
+}
+
+// pgProxy is a TCP proxy in front of PostgreSQL that can cut every
+// connection and refuse new ones.
+type pgProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cutOff bool
+	conns  map[net.Conn]struct{}
+}
+
+func newPGProxy(t *testing.T, target string) *pgProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pgProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	go p.serve()
+	t.Cleanup(func() {
+		ln.Close()
+		p.cut()
+	})
+	return p
+}
+
+func (p *pgProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *pgProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cutOff {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.conns[c] = struct{}{}
+		p.mu.Unlock()
+		go p.pipe(c)
+	}
+}
+
+func (p *pgProxy) pipe(c net.Conn) {
+	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	if err != nil {
+		p.drop(c)
+		return
+	}
+	p.mu.Lock()
+	if p.cutOff {
+		p.mu.Unlock()
+		up.Close()
+		p.drop(c)
+		return
+	}
+	p.conns[up] = struct{}{}
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _, _ = io.Copy(up, c); up.Close(); c.Close() }()
+	go func() { defer wg.Done(); _, _ = io.Copy(c, up); up.Close(); c.Close() }()
+	wg.Wait()
+	p.drop(c)
+	p.drop(up)
+}
+
+func (p *pgProxy) drop(c net.Conn) {
+	c.Close()
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+// cut closes every open connection and refuses new ones until restore.
+func (p *pgProxy) cut() {
+	p.mu.Lock()
+	p.cutOff = true
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+}
+
+func (p *pgProxy) restore() {
+	p.mu.Lock()
+	p.cutOff = false
+	p.mu.Unlock()
+}
+
+// dsnHostPort returns the host:port of a PostgreSQL DSN and a function
+// rewriting the DSN to another host:port.
+func dsnHostPort(t *testing.T, dsn string) (string, func(string) string) {
+	t.Helper()
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hp := u.Host
+		if u.Port() == "" {
+			hp = net.JoinHostPort(u.Hostname(), "5432")
+		}
+		if u.Hostname() == "" || strings.HasPrefix(u.Hostname(), "/") {
+			t.Fatalf("DSN %q: the outage test needs a TCP host", dsn)
+		}
+		return hp, func(addr string) string {
+			v := *u
+			v.Host = addr
+			return v.String()
+		}
+	}
+	host, port := "127.0.0.1", "5432"
+	var rest []string
+	for _, f := range strings.Fields(dsn) {
+		switch {
+		case strings.HasPrefix(f, "host="):
+			host = strings.TrimPrefix(f, "host=")
+		case strings.HasPrefix(f, "port="):
+			port = strings.TrimPrefix(f, "port=")
+		default:
+			rest = append(rest, f)
+		}
+	}
+	if strings.HasPrefix(host, "/") {
+		t.Fatalf("DSN %q: the outage test needs a TCP host", dsn)
+	}
+	return net.JoinHostPort(host, port), func(addr string) string {
+		h, p, _ := net.SplitHostPort(addr)
+		return strings.Join(append(rest, "host="+h, "port="+p), " ")
+	}
+}
