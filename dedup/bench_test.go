@@ -167,4 +167,3 @@ func benchBatches(ctx context.Context, s *dedup.Store, p dedup.Partition, epoch 
 	}
 	return nil
 }
-

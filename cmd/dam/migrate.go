@@ -1,8 +1,92 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"fmt"
+	"os"
 
-// TODO(owner of this file): replace this placeholder with the real command.
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/migrations"
+)
+
+// envPostgresDSN is where the PostgreSQL DSN comes from when --dsn is not
+// given.
+const envPostgresDSN = "DAM_POSTGRES_DSN"
+
+// addDSNFlag adds --dsn to a command that talks to PostgreSQL.
+func addDSNFlag(cmd *cobra.Command, persistent bool) {
+	flags := cmd.Flags()
+	if persistent {
+		flags = cmd.PersistentFlags()
+	}
+	flags.String("dsn", "", "PostgreSQL `DSN` (default $"+envPostgresDSN+"); its search_path selects dam's schema")
+}
+
+// resolveDSN returns the PostgreSQL DSN for a command: --dsn, else
+// $DAM_POSTGRES_DSN. Hook for --config: extend it here to read postgres.dsn
+// from the configuration file (between the flag and the environment), and
+// every command that talks to PostgreSQL follows.
+func resolveDSN(cmd *cobra.Command) (string, error) {
+	if dsn, _ := cmd.Flags().GetString("dsn"); dsn != "" {
+		return dsn, nil
+	}
+	if dsn := os.Getenv(envPostgresDSN); dsn != "" {
+		return dsn, nil
+	}
+	return "", usagef("no PostgreSQL DSN: pass --dsn or set %s", envPostgresDSN)
+}
+
 func newMigrateCmd() *cobra.Command {
-	return &cobra.Command{Use: "migrate", Short: "(not yet built)", Hidden: true}
+	var down bool
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply (or revert) dam's PostgreSQL schema",
+		Long: `Apply every migration not yet applied to the schema selected by the DSN's
+search_path, printing the version before and after. Safe to run
+concurrently (an advisory lock serialises runs) and to repeat.
+
+--down reverts every migration: it drops dam's tables and all their state.`,
+		Args: argsUsage(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dsn, err := resolveDSN(cmd)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				return fmt.Errorf("migrate: connecting to %s: %w", config.RedactDSN(dsn), err)
+			}
+			defer conn.Close(ctx)
+			before, latest, err := migrations.Version(ctx, conn)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "schema version %d (this dam knows %d)\n", before, latest)
+			if down {
+				err = migrations.Down(ctx, conn)
+			} else {
+				err = migrations.Up(ctx, conn)
+			}
+			if err != nil {
+				return err
+			}
+			after, _, err := migrations.Version(ctx, conn)
+			if err != nil {
+				return err
+			}
+			if after == before {
+				fmt.Fprintf(out, "schema version %d: nothing to do\n", after)
+			} else {
+				fmt.Fprintf(out, "schema version %d -> %d\n", before, after)
+			}
+			return nil
+		},
+	}
+	addDSNFlag(cmd, false)
+	cmd.Flags().BoolVar(&down, "down", false, "revert every migration (drops all state)")
+	return cmd
 }

@@ -38,6 +38,10 @@ var (
 	baseDSN  string
 	setupErr error
 
+	lazyOnce sync.Once // Base without Main
+	lazyDSN  string
+	lazyErr  error
+
 	dropMu sync.Mutex
 	drops  []func() // schemas made by Schema, dropped after the tests
 )
@@ -128,10 +132,27 @@ func Base() (string, error) {
 	if setupErr != nil {
 		return "", setupErr
 	}
-	if baseDSN == "" {
-		return "", fmt.Errorf("pgtest: no server: call pgtest.Main(m) from TestMain")
+	if baseDSN != "" {
+		return baseDSN, nil
 	}
-	return baseDSN, nil
+	// Without Main (a package whose TestMain belongs to someone else) there
+	// is nowhere to stop a private cluster, so only the configured server
+	// is tried.
+	lazyOnce.Do(func() {
+		dsn := os.Getenv(EnvDSN)
+		if dsn == "" {
+			dsn = DefaultDSN
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		if err := pglocal.Reachable(ctx, dsn); err != nil {
+			lazyErr = fmt.Errorf("pgtest: no PostgreSQL for tests: %s=%q is unreachable (%v); set %s to a reachable server "+
+				"or call pgtest.Main from TestMain to start a local cluster from the installed PostgreSQL", EnvDSN, dsn, err, EnvDSN)
+			return
+		}
+		lazyDSN = dsn
+	})
+	return lazyDSN, lazyErr
 }
 
 // NewSchema creates a migrated schema with a random name and returns a DSN
