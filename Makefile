@@ -1,7 +1,7 @@
 # dam: run `make help` for the targets.
 SHELL := /bin/bash
 GO ?= go
-STATICCHECK_VERSION ?= 2025.1.1
+STATICCHECK_VERSION ?= v0.8.2
 # Packages with fuzz targets; `make fuzz` explores each target for FUZZTIME.
 FUZZTIME ?= 15s
 TEST_TIMEOUT ?= 20m

@@ -104,7 +104,6 @@ type Pipeline struct {
 	workers  map[string]map[int32]*worker
 	started  bool // consuming (the group has been joined at least once)
 	stopped  bool
-	fatalErr error
 }
 
 // New validates what the configuration asks of the pipeline and builds it.
