@@ -114,6 +114,7 @@ type result struct {
 	steadyN   int
 	saturated bool // could not keep up with the steady rate: its latency is queueing
 	rssKB     int64
+	cpu       time.Duration // the process's user+system CPU time, both phases
 }
 
 func (r result) rate() float64 { return float64(r.records) / r.elapsed.Seconds() }
@@ -360,6 +361,21 @@ func vmHWM(pid int) (int64, error) {
 	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
 }
 
+// cpuTime returns the process's user+system CPU time so far.
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+s) * time.Second / 100, nil // USER_HZ is 100 on Linux
+}
+
 func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, self, tmp string) (result, error) {
 	res := result{variant: variant, records: n}
 	in, out := "input", "output"
@@ -486,6 +502,7 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 	if res.rssKB, err = vmHWM(cmd.Process.Pid); err != nil {
 		return res, err
 	}
+	res.cpu, _ = cpuTime(cmd.Process.Pid)
 	if res.forwarded, err = endSum(ctx, adm, out); err != nil {
 		return res, err
 	}
@@ -549,15 +566,15 @@ func printTable(w io.Writer, o options, rs []result) {
 	fmt.Fprintf(w, "workload: %d entities, %.0f%% duplicates, ~500 B JSON, %d partitions (kfake); steady phase %d records/s for %s\n",
 		o.entities, o.dupRate*100, partitions, o.rate, o.steady)
 	fmt.Fprintf(w, "naive runs on the first %d records (its own topic): compare records/s rates\n", min(o.naiveRecords, o.records))
-	fmt.Fprintf(w, "%-12s %9s %9s %10s %9s %9s %11s %11s %11s %8s\n",
-		"variant", "records", "forwarded", "records/s", "vs naive", "vs pass", "p50 steady", "p99 steady", "p99 backlog", "RSS MB")
+	fmt.Fprintf(w, "%-12s %9s %9s %10s %9s %9s %11s %11s %11s %8s %7s\n",
+		"variant", "records", "forwarded", "records/s", "vs naive", "vs pass", "p50 steady", "p99 steady", "p99 backlog", "RSS MB", "CPU s")
 	for _, r := range rs {
 		if r.saturated {
 			r.variant += "*"
 		}
-		fmt.Fprintf(w, "%-12s %9d %9d %10.0f %9s %9s %11s %11s %11s %8.1f\n",
+		fmt.Fprintf(w, "%-12s %9d %9d %10.0f %9s %9s %11s %11s %11s %8.1f %7.1f\n",
 			r.variant, r.records, r.forwarded, r.rate(), ratio(r, "naive"), ratio(r, "passthrough"),
-			ms(r.steady.P50), ms(r.steady.P99), ms(r.backlog.P99), float64(r.rssKB)/1024)
+			ms(r.steady.P50), ms(r.steady.P99), ms(r.backlog.P99), float64(r.rssKB)/1024, r.cpu.Seconds())
 	}
 	for _, r := range rs {
 		if r.saturated {
