@@ -100,10 +100,10 @@ type Pipeline struct {
 	runCtx     context.Context
 	pruneEvery time.Duration
 
-	mu       sync.Mutex
-	workers  map[string]map[int32]*worker
-	started  bool // consuming (the group has been joined at least once)
-	stopped  bool
+	mu      sync.Mutex
+	workers map[string]map[int32]*worker
+	started bool // consuming (the group has been joined at least once)
+	stopped bool
 }
 
 // New validates what the configuration asks of the pipeline and builds it.

@@ -83,6 +83,7 @@ type worker struct {
 	// input); read by readiness.
 	haltMu sync.Mutex
 	halt   error
+	parked bool // halted by fail: only stop lifts the halt
 }
 
 func newWorker(pl *Pipeline, rt *route, partition int32, p plan) *worker {
@@ -217,6 +218,20 @@ func (w *worker) setHalt(err error) {
 	}
 }
 
+// clearOutage lifts a halt once delivery works again, unless the partition
+// is parked by fail (bad input): a delivery that completes after the decider
+// halted must not make the partition look ready.
+func (w *worker) clearOutage() {
+	w.haltMu.Lock()
+	if w.halt == nil || w.parked {
+		w.haltMu.Unlock()
+		return
+	}
+	w.halt = nil
+	w.haltMu.Unlock()
+	w.pl.metrics.halted.WithLabelValues(w.rt.service).Dec()
+}
+
 func (w *worker) halted() error {
 	w.haltMu.Lock()
 	defer w.haltMu.Unlock()
@@ -250,6 +265,9 @@ func (w *worker) fail(err error) {
 	case errors.Is(err, dedup.ErrFenced):
 		w.log.Warn("partition fenced: another instance owns it now; stopping work on it", zap.Error(err))
 	default:
+		w.haltMu.Lock()
+		w.parked = true
+		w.haltMu.Unlock()
 		w.setHalt(err)
 		w.log.Error("partition halted", zap.Error(err))
 	}
@@ -643,8 +661,8 @@ func (w *worker) deliver(j *job) bool {
 			err = w.pl.commit(w.ctx, w.part.Topic, w.part.Partition, j.commitTo, j.epoch)
 		}
 		if err == nil {
-			if w.halted() != nil && j.halt == nil {
-				w.setHalt(nil)
+			if j.halt == nil {
+				w.clearOutage()
 			}
 			return true
 		}
