@@ -30,7 +30,7 @@ import (
 func main() {
 	quick := flag.Bool("quick", false, "development: -count 1 for every benchmark")
 	skipE2E := flag.Bool("skip-e2e", false, "do not run the end-to-end benchmark")
-	dedupTime := flag.String("dedup-benchtime", "2x", "-benchtime of the dedup benchmarks")
+	dedupTime := flag.String("dedup-benchtime", "1x", "-benchtime of the dedup benchmarks")
 	e2eArgs := flag.String("e2e-args", "", "extra flags for internal/e2ebench (space separated)")
 	flag.Parse()
 

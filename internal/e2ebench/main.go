@@ -377,7 +377,7 @@ func cpuTime(pid int) (time.Duration, error) {
 }
 
 func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, self, tmp string) (result, error) {
-	res := result{variant: variant, records: n}
+	res := result{variant: variant, records: n, steady: quantiles{P50: math.NaN(), P99: math.NaN()}}
 	in, out := "input", "output"
 	if variant == "naive" {
 		in, out = "input-naive", "output-naive"
