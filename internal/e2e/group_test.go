@@ -40,7 +40,7 @@ func TestRebalance(t *testing.T) {
 	}
 	load.wait(2 * time.Minute)
 	r := waitDelivered(t, b.addr(), 90*time.Second, a)
-	assertReport(t, r, -1)
+	assertReport(t, r, load, -1)
 }
 
 // TestGracefulShutdown stops the sidecar with SIGTERM under load: it must
@@ -71,5 +71,5 @@ func TestGracefulShutdown(t *testing.T) {
 	s.start()
 	load.wait(2 * time.Minute)
 	r := waitDelivered(t, b.addr(), 90*time.Second, s)
-	assertReport(t, r, 0)
+	assertReport(t, r, load, 0)
 }

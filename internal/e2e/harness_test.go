@@ -654,12 +654,16 @@ func waitDelivered(t *testing.T, brokers string, limit time.Duration, alive ...*
 }
 
 // assertReport fails on any loss, false forward, order error or dead
-// letter; maxExtra < 0 allows any number of extras.
-func assertReport(t *testing.T, r report, maxExtra int) {
+// letter, or when the input topic does not hold the load's records;
+// maxExtra < 0 allows any number of extras.
+func assertReport(t *testing.T, r report, load *loadgen, maxExtra int) {
 	t.Helper()
 	t.Log(r)
 	for _, p := range r.firstProblems {
 		t.Log(p)
+	}
+	if r.input != load.n {
+		t.Errorf("the input topic holds %d records, the load produced %d", r.input, load.n)
 	}
 	if r.forwards == 0 {
 		t.Fatal("checker: the model forwards nothing: the load did not reach the broker")

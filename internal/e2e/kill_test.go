@@ -38,5 +38,5 @@ func TestKill9(t *testing.T) {
 	t.Logf("killed the sidecar %d times", kills)
 	load.wait(2 * time.Minute)
 	r := waitDelivered(t, b.addr(), 90*time.Second, s)
-	assertReport(t, r, -1)
+	assertReport(t, r, load, -1)
 }

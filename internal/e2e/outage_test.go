@@ -67,7 +67,7 @@ func TestPostgresOutage(t *testing.T) {
 	// No process died: a batch whose COMMIT reply was lost is resolved from
 	// the decision log, and deliveries are retried only on Kafka errors, so
 	// nothing is delivered twice.
-	assertReport(t, r, 0)
+	assertReport(t, r, load, 0)
 	if h, err := s.halted(); err != nil || h != 0 {
 		t.Errorf("after recovery: dam_halted %v (%v), want 0", h, err)
 	}
@@ -99,5 +99,5 @@ func TestBrokerOutage(t *testing.T) {
 	s.checkAlive()
 	load.wait(2 * time.Minute)
 	r := waitDelivered(t, b.addr(), 2*time.Minute, s)
-	assertReport(t, r, -1)
+	assertReport(t, r, load, -1)
 }
