@@ -19,23 +19,31 @@ type member struct {
 }
 
 // less orders members by name bytes.
-func (s *state) less(a, b *member) bool {
+func less(buf []byte, a, b *member) bool {
 	if a.prefix != b.prefix {
 		return a.prefix < b.prefix
 	}
-	return bytes.Compare(s.buf[a.key:a.keyEnd], s.buf[b.key:b.keyEnd]) < 0
+	return bytes.Compare(buf[a.key:a.keyEnd], buf[b.key:b.keyEnd]) < 0
 }
 
-func (s *state) sameName(a, b *member) bool {
-	return a.prefix == b.prefix && bytes.Equal(s.buf[a.key:a.keyEnd], s.buf[b.key:b.keyEnd])
+func sameName(buf []byte, a, b *member) bool {
+	return a.prefix == b.prefix && bytes.Equal(buf[a.key:a.keyEnd], buf[b.key:b.keyEnd])
 }
 
-func namePrefix(name []byte) uint64 {
-	if len(name) >= 8 {
-		return binary.BigEndian.Uint64(name)
+// namePrefix returns the first 8 bytes of buf[key:end] as a big-endian
+// number, zero padded. It loads 8 bytes at once when the capacity allows
+// (bytes past end are masked off).
+func namePrefix(buf []byte, key, end int) uint64 {
+	l := end - key
+	if key+8 <= cap(buf) {
+		w := binary.BigEndian.Uint64(buf[key : key+8 : key+8])
+		if l < 8 {
+			w &^= ^uint64(0) >> (8 * uint(l))
+		}
+		return w
 	}
 	var p uint64
-	for i, c := range name {
+	for i, c := range buf[key:end] {
 		p |= uint64(c) << (56 - 8*i)
 	}
 	return p
@@ -45,10 +53,10 @@ func namePrefix(name []byte) uint64 {
 type frame struct {
 	obj        bool
 	ignoreElem bool   // arrays: the current element is ignored
-	body       int    // buffer offset after the 'a' or 'o' tag
-	mstart     int    // objects: index of the first member in state.members
-	elem       int    // arrays: buffer offset of the current element
-	index      int    // arrays: index of the current element
+	body       int32  // buffer offset after the 'a' or 'o' tag
+	mstart     int32  // objects: index of the first member in state.members
+	elem       int32  // arrays: buffer offset of the current element
+	index      int32  // arrays: index of the current element
 	active     uint64 // ignore pointers whose tokens match this container's path
 }
 
@@ -70,14 +78,54 @@ var strSafe = func() (t [256]bool) {
 	return t
 }()
 
-func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+const (
+	lsb = 0x0101010101010101
+	msb = 0x8080808080808080
+)
 
-func skipWS(in []byte, pos int) int {
-	for pos < len(in) && isWS(in[pos]) {
-		pos++
-	}
-	return pos
+// special flags (high bit per byte) the bytes of w that are not strSafe.
+// A borrow only runs upward from a byte that is itself special, so the
+// lowest flagged byte is exact (higher flags may be false).
+func special(w uint64) uint64 {
+	q := w ^ ('"' * lsb)
+	b := w ^ ('\\' * lsb)
+	return ((w-0x20*lsb)&^w | (q-lsb)&^q | (b-lsb)&^b | w) & msb
 }
+
+// appendShort appends tag, the length (< 0x80) and in[i:j]. Short values
+// are copied with two 8-byte moves into the buffer's spare capacity instead
+// of a memmove call (bytes past the new length are garbage, never read).
+func appendShort(buf []byte, tag byte, in []byte, i, j int) []byte {
+	l := len(buf)
+	if j-i <= 16 && i+16 <= len(in) && cap(buf)-l >= 18 {
+		b := buf[l : l+18]
+		b[0], b[1] = tag, byte(j-i)
+		binary.LittleEndian.PutUint64(b[2:], binary.LittleEndian.Uint64(in[i:]))
+		binary.LittleEndian.PutUint64(b[10:], binary.LittleEndian.Uint64(in[i+8:]))
+		return buf[:l+2+j-i]
+	}
+	buf = append(buf, tag, byte(j-i))
+	return append(buf, in[i:j]...)
+}
+
+// scanSafe returns the index of the first byte at or after j that is not
+// strSafe (or len(in)), testing eight bytes at a time. In each test a
+// borrow only runs upward from a byte that is itself special, so the
+// lowest flagged byte is exact.
+func scanSafe(in []byte, j int) int {
+	for j+8 <= len(in) {
+		if t := special(binary.LittleEndian.Uint64(in[j:])); t != 0 {
+			return j + bits.TrailingZeros64(t)>>3
+		}
+		j += 8
+	}
+	for j < len(in) && strSafe[in[j]] {
+		j++
+	}
+	return j
+}
+
+func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
 func syntaxErr(pos int, detail string) error {
 	return &Error{Offset: pos, Err: ErrSyntax, Detail: detail}
@@ -100,161 +148,244 @@ func unexpected(in []byte, pos int, want string) error {
 	return syntaxErr(pos, "unexpected "+what+", expected "+want)
 }
 
-// encode parses in and leaves its canonical encoding in s.buf. It never
-// recurses: nesting lives in s.stack, bounded by h.maxDepth.
-func (s *state) encode(h *Hasher, in []byte) error {
-	s.buf = s.buf[:0]
-	s.stack = s.stack[:0]
-	s.members = s.members[:0]
+// Parser states.
+const (
+	stValue = iota // a value starts
+	stName         // a member name starts (after '{' or ',')
+	stAfter        // a value ended
+)
+
+// encode parses in and leaves its canonical encoding in s.out. It never
+// recurses: nesting lives in an explicit stack, bounded by h.maxDepth. The
+// hot slices live in locals (registers), stored back on return.
+func (s *state) encode(h *Hasher, in []byte) (err error) {
+	buf, stack, members := s.buf[:0], s.stack[:0], s.members[:0]
+	// Spare capacity lets appendShort copy without calls; the encoding of
+	// typical JSON is a little shorter than the text.
+	if want := min(len(in)+len(in)/4, 1<<16) + 64; cap(buf) < want {
+		buf = make([]byte, 0, want)
+	}
 	s.out = nil
 	n := len(in)
 	pos := 0
 	active := h.all // ignore pointers that may apply inside the next value
-	var err error
+	st := stValue
 	for {
-		// A value starts here.
-		pos = skipWS(in, pos)
-		if pos >= n {
-			return unexpected(in, pos, "a value")
+		for pos < n && in[pos] <= ' ' && isWS(in[pos]) {
+			pos++
 		}
-		switch in[pos] {
-		case '{':
-			if len(s.stack) >= h.maxDepth {
-				return &Error{Offset: pos, Err: ErrTooDeep, Detail: "limit " + strconv.Itoa(h.maxDepth)}
+		switch st {
+		case stName:
+			if pos >= n || in[pos] != '"' {
+				err = unexpected(in, pos, "a member name")
+				goto fail
 			}
-			s.buf = append(s.buf, 'o')
-			pos = skipWS(in, pos+1)
-			if pos < n && in[pos] == '}' {
-				s.buf = append(s.buf, '}')
-				pos++
-				break
+			start := len(buf)
+			i := pos + 1
+			j := i
+			if i+8 <= n {
+				// Most names fit in 8 bytes: test them inline, no call.
+				w := binary.LittleEndian.Uint64(in[i:])
+				if t := special(w); t != 0 {
+					j = i + bits.TrailingZeros64(t)>>3
+				} else {
+					j = scanSafe(in, i+8)
+				}
+			} else {
+				j = scanSafe(in, i)
 			}
-			s.stack = append(s.stack, frame{obj: true, body: len(s.buf), mstart: len(s.members), active: active})
-			if pos, active, err = s.member(h, in, pos); err != nil {
-				return err
+			var k int
+			var prefix uint64
+			if j < n && in[j] == '"' && j-i < 0x80 {
+				k = len(buf) + 2
+				buf = appendShort(buf, 's', in, i, j)
+				// Read the prefix from the input, not from the bytes just
+				// copied (a wide load of fresh narrow stores stalls).
+				prefix = namePrefix(in, i, j)
+				j++
+			} else {
+				if buf, j, k, err = strSlow(buf, in, pos, j); err != nil {
+					goto fail
+				}
+				prefix = namePrefix(buf, k, len(buf))
 			}
+			// Fill the member in place: building it on the stack and
+			// copying it costs a store-forwarding stall.
+			members = append(members, member{})
+			m := &members[len(members)-1]
+			m.prefix, m.start, m.key, m.keyEnd, m.in = prefix, int32(start), int32(k), int32(len(buf)), int32(pos)
+			for j < n && isWS(in[j]) {
+				j++
+			}
+			if j >= n || in[j] != ':' {
+				err = unexpected(in, j, "':'")
+				goto fail
+			}
+			pos = j + 1
+			active = 0
+			if f := &stack[len(stack)-1]; f.active != 0 {
+				active, m.ignored = h.matchName(f.active, len(stack)-1, buf[k:])
+			}
+			st = stValue
 			continue
-		case '[':
-			if len(s.stack) >= h.maxDepth {
-				return &Error{Offset: pos, Err: ErrTooDeep, Detail: "limit " + strconv.Itoa(h.maxDepth)}
-			}
-			s.buf = append(s.buf, 'a')
-			pos = skipWS(in, pos+1)
-			if pos < n && in[pos] == ']' {
-				s.buf = append(s.buf, ']')
-				pos++
-				break
-			}
-			f := frame{body: len(s.buf), elem: len(s.buf), active: active}
-			active, f.ignoreElem = h.matchIndex(active, len(s.stack), 0)
-			s.stack = append(s.stack, f)
-			continue
-		case '"':
-			if pos, _, err = s.str(in, pos); err != nil {
-				return err
-			}
-		case 't':
-			if n-pos < 4 || string(in[pos:pos+4]) != "true" {
-				return syntaxErr(pos, "invalid literal, expected true")
-			}
-			s.buf = append(s.buf, 't')
-			pos += 4
-		case 'f':
-			if n-pos < 5 || string(in[pos:pos+5]) != "false" {
-				return syntaxErr(pos, "invalid literal, expected false")
-			}
-			s.buf = append(s.buf, 'f')
-			pos += 5
-		case 'n':
-			if n-pos < 4 || string(in[pos:pos+4]) != "null" {
-				return syntaxErr(pos, "invalid literal, expected null")
-			}
-			s.buf = append(s.buf, 'n')
-			pos += 4
-		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
-			if pos, err = s.number(in, pos); err != nil {
-				return err
-			}
-		default:
-			return unexpected(in, pos, "a value")
-		}
 
-		// A value ended: close containers until one continues.
-		for {
-			pos = skipWS(in, pos)
-			if len(s.stack) == 0 {
-				if pos < n {
-					return &Error{Offset: pos, Err: ErrTrailingData}
-				}
-				if s.out == nil {
-					s.out = s.buf
-				}
-				return nil
+		case stValue:
+			if pos >= n {
+				err = unexpected(in, pos, "a value")
+				goto fail
 			}
-			f := &s.stack[len(s.stack)-1]
-			if f.obj {
-				s.members[len(s.members)-1].end = int32(len(s.buf))
-				if pos < n && in[pos] == ',' {
-					if pos, active, err = s.member(h, in, skipWS(in, pos+1)); err != nil {
-						return err
+			st = stAfter
+			switch c := in[pos]; c {
+			case '"':
+				i := pos + 1
+				j := scanSafe(in, i)
+				if j < n && in[j] == '"' && j-i < 0x80 {
+					buf = appendShort(buf, 's', in, i, j)
+					pos = j + 1
+				} else if buf, pos, _, err = strSlow(buf, in, pos, j); err != nil {
+					goto fail
+				}
+			case '1', '2', '3', '4', '5', '6', '7', '8', '9':
+				// Fast path: an integer or a plain decimal, inline.
+				i := pos + 1
+				for i < n && isDigit(in[i]) {
+					i++
+				}
+				if i < n && in[i] == '.' && i+1 < n && isDigit(in[i+1]) {
+					for i += 2; i < n && isDigit(in[i]); i++ {
+					}
+				}
+				if i < n && (in[i]|0x20 == 'e' || in[i] == '.') || i-pos >= 0x80 {
+					if buf, pos, err = number(buf, in, pos); err != nil {
+						goto fail
 					}
 					break
 				}
-				if pos < n && in[pos] == '}' {
-					if err := s.closeObject(f); err != nil {
-						return err
+				buf = appendShort(buf, 'd', in, pos, i)
+				pos = i
+			case '-', '0':
+				if buf, pos, err = number(buf, in, pos); err != nil {
+					goto fail
+				}
+			case '{', '[':
+				if len(stack) >= h.maxDepth {
+					err = &Error{Offset: pos, Err: ErrTooDeep, Detail: "limit " + strconv.Itoa(h.maxDepth)}
+					goto fail
+				}
+				pos++
+				for pos < n && isWS(in[pos]) {
+					pos++
+				}
+				if c == '{' {
+					if pos < n && in[pos] == '}' {
+						buf = append(buf, 'o', '}')
+						pos++
+						break
 					}
-					s.stack = s.stack[:len(s.stack)-1]
+					buf = append(buf, 'o')
+					stack = append(stack, frame{obj: true, body: int32(len(buf)), mstart: int32(len(members)), active: active})
+					st = stName
+					break
+				}
+				if pos < n && in[pos] == ']' {
+					buf = append(buf, 'a', ']')
+					pos++
+					break
+				}
+				buf = append(buf, 'a')
+				f := frame{body: int32(len(buf)), elem: int32(len(buf)), active: active}
+				active = 0
+				if f.active != 0 {
+					active, f.ignoreElem = h.matchIndex(f.active, len(stack), 0)
+				}
+				stack = append(stack, f)
+				st = stValue
+			case 't':
+				if n-pos < 4 || string(in[pos:pos+4]) != "true" {
+					err = syntaxErr(pos, "invalid literal, expected true")
+					goto fail
+				}
+				buf = append(buf, 't')
+				pos += 4
+			case 'f':
+				if n-pos < 5 || string(in[pos:pos+5]) != "false" {
+					err = syntaxErr(pos, "invalid literal, expected false")
+					goto fail
+				}
+				buf = append(buf, 'f')
+				pos += 5
+			case 'n':
+				if n-pos < 4 || string(in[pos:pos+4]) != "null" {
+					err = syntaxErr(pos, "invalid literal, expected null")
+					goto fail
+				}
+				buf = append(buf, 'n')
+				pos += 4
+			default:
+				err = unexpected(in, pos, "a value")
+				goto fail
+			}
+			continue
+
+		default: // stAfter
+			if len(stack) == 0 {
+				if pos < n {
+					err = &Error{Offset: pos, Err: ErrTrailingData}
+					goto fail
+				}
+				if s.out == nil {
+					s.out = buf
+				}
+				s.buf, s.stack, s.members = buf, stack, members
+				return nil
+			}
+			f := &stack[len(stack)-1]
+			if f.obj {
+				members[len(members)-1].end = int32(len(buf))
+				if pos < n && in[pos] == ',' {
+					pos++
+					st = stName
+					continue
+				}
+				if pos < n && in[pos] == '}' {
+					ms := members[f.mstart:]
+					if buf, err = s.closeObject(buf, ms, int(f.body), len(stack) == 1); err != nil {
+						goto fail
+					}
+					members = members[:f.mstart]
+					stack = stack[:len(stack)-1]
 					pos++
 					continue
 				}
-				return unexpected(in, pos, "',' or '}'")
+				err = unexpected(in, pos, "',' or '}'")
+				goto fail
 			}
 			if f.ignoreElem {
-				s.buf = s.buf[:f.elem]
+				buf = buf[:f.elem]
 			}
 			if pos < n && in[pos] == ',' {
 				f.index++
-				f.elem = len(s.buf)
-				active, f.ignoreElem = h.matchIndex(f.active, len(s.stack)-1, f.index)
+				f.elem = int32(len(buf))
+				if f.active != 0 {
+					active, f.ignoreElem = h.matchIndex(f.active, len(stack)-1, int(f.index))
+				}
 				pos++
-				break
+				st = stValue
+				continue
 			}
 			if pos < n && in[pos] == ']' {
-				s.buf = append(s.buf, ']')
-				s.stack = s.stack[:len(s.stack)-1]
+				buf = append(buf, ']')
+				stack = stack[:len(stack)-1]
 				pos++
 				continue
 			}
-			return unexpected(in, pos, "',' or ']'")
+			err = unexpected(in, pos, "',' or ']'")
+			goto fail
 		}
 	}
-}
-
-// member parses a member name and its colon in the innermost object and
-// returns the position of the value and the pointers active inside it.
-func (s *state) member(h *Hasher, in []byte, pos int) (int, uint64, error) {
-	if pos >= len(in) || in[pos] != '"' {
-		return pos, 0, unexpected(in, pos, "a member name")
-	}
-	start := len(s.buf)
-	end, key, err := s.str(in, pos)
-	if err != nil {
-		return end, 0, err
-	}
-	m := member{start: int32(start), key: int32(key), keyEnd: int32(len(s.buf)), in: int32(pos)}
-	m.prefix = namePrefix(s.buf[key:])
-	end = skipWS(in, end)
-	if end >= len(in) || in[end] != ':' {
-		return end, 0, unexpected(in, end, "':'")
-	}
-	f := &s.stack[len(s.stack)-1]
-	var child uint64
-	if f.active != 0 {
-		child, m.ignored = h.matchName(f.active, len(s.stack)-1, s.buf[m.key:m.keyEnd])
-	}
-	s.members = append(s.members, m)
-	return end + 1, child, nil
+fail:
+	s.buf, s.stack, s.members = buf, stack, members
+	return err
 }
 
 // matchName returns the pointers still active inside member name of a
@@ -290,18 +421,16 @@ func (h *Hasher) matchIndex(active uint64, d, idx int) (uint64, bool) {
 	return child, false
 }
 
-// closeObject sorts the innermost object's members by name, rejects equal
-// names, drops ignored members and ends the object. The top-level object
-// is reordered into s.tmp only, which then is the final encoding: no copy
-// back.
-func (s *state) closeObject(f *frame) error {
-	ms := s.members[f.mstart:]
+// closeObject sorts an object's members (ms) by name, rejects equal names,
+// drops ignored members and ends the object. The top-level object is
+// reordered into s.tmp only, which then is the final encoding: no copy back.
+func (s *state) closeObject(buf []byte, ms []member, body int, top bool) ([]byte, error) {
 	sorted, ignored := true, false
 	for i := range ms {
 		ignored = ignored || ms[i].ignored
-		if i > 0 && sorted && !s.less(&ms[i-1], &ms[i]) {
-			if s.sameName(&ms[i-1], &ms[i]) {
-				return s.dupErr(ms[i-1], ms[i])
+		if i > 0 && sorted && !less(buf, &ms[i-1], &ms[i]) {
+			if sameName(buf, &ms[i-1], &ms[i]) {
+				return buf, dupErr(buf, ms[i-1], ms[i])
 			}
 			sorted = false
 		}
@@ -309,9 +438,12 @@ func (s *state) closeObject(f *frame) error {
 	if !sorted {
 		if len(ms) <= 12 {
 			for i := 1; i < len(ms); i++ {
-				for j := i; j > 0 && s.less(&ms[j], &ms[j-1]); j-- {
-					ms[j-1], ms[j] = ms[j], ms[j-1]
+				m := ms[i]
+				j := i
+				for ; j > 0 && less(buf, &m, &ms[j-1]); j-- {
+					ms[j] = ms[j-1]
 				}
+				ms[j] = m
 			}
 		} else {
 			slices.SortFunc(ms, func(a, b member) int {
@@ -321,117 +453,99 @@ func (s *state) closeObject(f *frame) error {
 					}
 					return 1
 				}
-				return bytes.Compare(s.buf[a.key:a.keyEnd], s.buf[b.key:b.keyEnd])
+				return bytes.Compare(buf[a.key:a.keyEnd], buf[b.key:b.keyEnd])
 			})
 		}
 		for i := 1; i < len(ms); i++ {
-			if s.sameName(&ms[i-1], &ms[i]) {
-				return s.dupErr(ms[i-1], ms[i])
+			if sameName(buf, &ms[i-1], &ms[i]) {
+				return buf, dupErr(buf, ms[i-1], ms[i])
 			}
 		}
 	}
-	top := len(s.stack) == 1
 	switch {
 	case top && (!sorted || ignored):
-		s.tmp = append(s.tmp[:0], s.buf[:f.body]...)
+		s.tmp = append(s.tmp[:0], buf[:body]...)
 		for i := range ms {
 			if !ms[i].ignored {
-				s.tmp = append(s.tmp, s.buf[ms[i].start:ms[i].end]...)
+				s.tmp = append(s.tmp, buf[ms[i].start:ms[i].end]...)
 			}
 		}
 		s.tmp = append(s.tmp, '}')
 		s.out = s.tmp
 	case !sorted || ignored:
-		s.tmp = s.tmp[:0]
+		tmp := s.tmp[:0]
 		for i := range ms {
 			if !ms[i].ignored {
-				s.tmp = append(s.tmp, s.buf[ms[i].start:ms[i].end]...)
+				tmp = append(tmp, buf[ms[i].start:ms[i].end]...)
 			}
 		}
-		s.buf = append(s.buf[:f.body], s.tmp...)
+		s.tmp = tmp
+		buf = append(buf[:body], tmp...)
 	}
-	s.buf = append(s.buf, '}')
-	s.members = s.members[:f.mstart]
-	return nil
+	return append(buf, '}'), nil
 }
 
-func (s *state) key(m member) []byte { return s.buf[m.key:m.keyEnd] }
-
-func (s *state) dupErr(a, b member) error {
-	return &Error{Offset: int(max(a.in, b.in)), Err: ErrDuplicateMember, Detail: strconv.Quote(string(s.key(a)))}
+func dupErr(buf []byte, a, b member) error {
+	return &Error{Offset: int(max(a.in, b.in)), Err: ErrDuplicateMember, Detail: strconv.Quote(string(buf[a.key:a.keyEnd]))}
 }
 
-// str appends the string starting at the quote at pos as 's' uvarint(len)
-// decoded bytes. It returns the position after the closing quote and the
-// buffer offset of the decoded bytes.
-func (s *state) str(in []byte, pos int) (int, int, error) {
+// strSlow appends the string whose opening quote is at pos, when the fast
+// path (plain ASCII shorter than 128 bytes) does not apply; j is the first
+// byte that needs work. It returns the position after the closing quote
+// and the buffer offset of the decoded bytes.
+func strSlow(buf, in []byte, pos, j int) ([]byte, int, int, error) {
 	n := len(in)
-	i := pos + 1
-	j := i
-	for j < n && strSafe[in[j]] {
-		j++
-	}
-	if j < n && in[j] == '"' {
-		// Fast path: plain ASCII, the length is known before copying.
-		s.buf = append(s.buf, 's')
-		s.buf = binary.AppendUvarint(s.buf, uint64(j-i))
-		k := len(s.buf)
-		s.buf = append(s.buf, in[i:j]...)
-		return j + 1, k, nil
-	}
-	// Slow path: reserve one length byte, decode, then fix the length.
-	s.buf = append(s.buf, 's', 0)
-	lenAt := len(s.buf) - 1
-	k := len(s.buf)
-	s.buf = append(s.buf, in[i:j]...)
+	// Reserve one length byte, decode, then fix the length.
+	buf = append(buf, 's', 0)
+	lenAt := len(buf) - 1
+	k := len(buf)
+	buf = append(buf, in[pos+1:j]...)
 	for {
 		if j >= n {
-			return j, k, syntaxErr(pos, "unterminated string")
+			return buf, j, k, syntaxErr(pos, "unterminated string")
 		}
 		c := in[j]
 		switch {
 		case c == '"':
 			j++
-			l := len(s.buf) - k
+			l := len(buf) - k
 			if l < 0x80 {
-				s.buf[lenAt] = byte(l)
-				return j, k, nil
+				buf[lenAt] = byte(l)
+				return buf, j, k, nil
 			}
 			var tmp [binary.MaxVarintLen64]byte
 			w := binary.PutUvarint(tmp[:], uint64(l))
-			s.buf = append(s.buf, tmp[:w-1]...)
-			copy(s.buf[lenAt+w:], s.buf[k:k+l])
-			copy(s.buf[lenAt:], tmp[:w])
-			return j, lenAt + w, nil
+			buf = append(buf, tmp[:w-1]...)
+			copy(buf[lenAt+w:], buf[k:k+l])
+			copy(buf[lenAt:], tmp[:w])
+			return buf, j, lenAt + w, nil
 		case c == '\\':
 			var err error
-			if j, err = s.escape(in, j); err != nil {
-				return j, k, err
+			if buf, j, err = escape(buf, in, j); err != nil {
+				return buf, j, k, err
 			}
 		case c < 0x20:
-			return j, k, syntaxErr(j, "control character in string")
+			return buf, j, k, syntaxErr(j, "control character in string")
 		default:
 			// c >= 0x80: validate one UTF-8 sequence (DecodeRune also
 			// rejects encoded surrogates and overlong forms).
 			r, size := utf8.DecodeRune(in[j:])
 			if r == utf8.RuneError && size == 1 {
-				return j, k, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "invalid UTF-8"}
+				return buf, j, k, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "invalid UTF-8"}
 			}
-			s.buf = append(s.buf, in[j:j+size]...)
+			buf = append(buf, in[j:j+size]...)
 			j += size
 		}
 		start := j
-		for j < n && strSafe[in[j]] {
-			j++
-		}
-		s.buf = append(s.buf, in[start:j]...)
+		j = scanSafe(in, j)
+		buf = append(buf, in[start:j]...)
 	}
 }
 
 // escape decodes the escape at in[j] == '\\' and returns the position after it.
-func (s *state) escape(in []byte, j int) (int, error) {
+func escape(buf, in []byte, j int) ([]byte, int, error) {
 	if j+1 >= len(in) {
-		return j, syntaxErr(j, "unterminated string")
+		return buf, j, syntaxErr(j, "unterminated string")
 	}
 	var c byte
 	switch in[j+1] {
@@ -450,31 +564,28 @@ func (s *state) escape(in []byte, j int) (int, error) {
 	case 'u':
 		r, ok := hex4(in, j+2)
 		if !ok {
-			return j, syntaxErr(j, `invalid \u escape`)
+			return buf, j, syntaxErr(j, `invalid \u escape`)
 		}
 		switch {
 		case r >= 0xD800 && r < 0xDC00:
 			if j+12 <= len(in) && in[j+6] == '\\' && in[j+7] == 'u' {
 				lo, ok := hex4(in, j+8)
 				if !ok {
-					return j + 6, syntaxErr(j+6, `invalid \u escape`)
+					return buf, j + 6, syntaxErr(j+6, `invalid \u escape`)
 				}
 				if lo >= 0xDC00 && lo < 0xE000 {
-					s.buf = utf8.AppendRune(s.buf, 0x10000+(r-0xD800)<<10+(lo-0xDC00))
-					return j + 12, nil
+					return utf8.AppendRune(buf, 0x10000+(r-0xD800)<<10+(lo-0xDC00)), j + 12, nil
 				}
 			}
-			return j, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "lone surrogate " + string(in[j:j+6])}
+			return buf, j, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "lone surrogate " + string(in[j:j+6])}
 		case r >= 0xDC00 && r < 0xE000:
-			return j, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "lone surrogate " + string(in[j:j+6])}
+			return buf, j, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "lone surrogate " + string(in[j:j+6])}
 		}
-		s.buf = utf8.AppendRune(s.buf, r)
-		return j + 6, nil
+		return utf8.AppendRune(buf, r), j + 6, nil
 	default:
-		return j, syntaxErr(j, "invalid escape")
+		return buf, j, syntaxErr(j, "invalid escape")
 	}
-	s.buf = append(s.buf, c)
-	return j + 2, nil
+	return append(buf, c), j + 2, nil
 }
 
 func hex4(in []byte, i int) (rune, bool) {
@@ -498,10 +609,10 @@ func hex4(in []byte, i int) (rune, bool) {
 	return r, true
 }
 
-func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+func isDigit(c byte) bool { return c-'0' < 10 }
 
 // number validates the RFC 8259 number at pos and appends its literal text.
-func (s *state) number(in []byte, pos int) (int, error) {
+func number(buf, in []byte, pos int) ([]byte, int, error) {
 	n := len(in)
 	i := pos
 	if in[i] == '-' {
@@ -511,14 +622,13 @@ func (s *state) number(in []byte, pos int) (int, error) {
 	case i < n && in[i] == '0':
 		i++
 		if i < n && isDigit(in[i]) {
-			return i, syntaxErr(i-1, "leading zero in number")
+			return buf, i, syntaxErr(i-1, "leading zero in number")
 		}
 	case i < n && isDigit(in[i]):
-		for i < n && isDigit(in[i]) {
-			i++
+		for i++; i < n && isDigit(in[i]); i++ {
 		}
 	default:
-		return i, syntaxErr(i, "expected digit in number")
+		return buf, i, syntaxErr(i, "expected digit in number")
 	}
 	if i < n && in[i] == '.' {
 		i++
@@ -527,10 +637,10 @@ func (s *state) number(in []byte, pos int) (int, error) {
 			i++
 		}
 		if i == d {
-			return i, syntaxErr(i, "expected digit after decimal point")
+			return buf, i, syntaxErr(i, "expected digit after decimal point")
 		}
 	}
-	if i < n && (in[i] == 'e' || in[i] == 'E') {
+	if i < n && in[i]|0x20 == 'e' {
 		i++
 		if i < n && (in[i] == '+' || in[i] == '-') {
 			i++
@@ -540,11 +650,14 @@ func (s *state) number(in []byte, pos int) (int, error) {
 			i++
 		}
 		if i == d {
-			return i, syntaxErr(i, "expected digit in exponent")
+			return buf, i, syntaxErr(i, "expected digit in exponent")
 		}
 	}
-	s.buf = append(s.buf, 'd')
-	s.buf = binary.AppendUvarint(s.buf, uint64(i-pos))
-	s.buf = append(s.buf, in[pos:i]...)
-	return i, nil
+	if l := i - pos; l < 0x80 {
+		buf = append(buf, 'd', byte(l))
+	} else {
+		buf = append(buf, 'd')
+		buf = binary.AppendUvarint(buf, uint64(l))
+	}
+	return append(buf, in[pos:i]...), i, nil
 }
