@@ -76,7 +76,7 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 		}
 		if _, ok := idx[string(r.Entity)]; !ok {
 			idx[string(r.Entity)] = 0
-			entities = append(entities, r.Entity)
+			entities = append(entities, nonNil(r.Entity))
 		}
 	}
 	slices.SortFunc(entities, bytes.Compare)
@@ -195,6 +195,15 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 		return out[:0], fmt.Errorf("dedup: decide: progress of %s/%d not advanced", p.Topic, p.Partition)
 	}
 	return out, nil
+}
+
+// nonNil maps a nil key to the empty key: pgx sends nil as NULL, and the
+// empty key is a valid identity.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
 }
 
 func fmtNext(next *int64) string {

@@ -65,7 +65,7 @@ func TestBinaryEntitiesRoundTrip(t *testing.T) {
 	t.Parallel()
 	s := newStore(t)
 	p, epoch := partition(t, s, "in")
-	keys := [][]byte{{0x00}, {0xff, 0xfe}, {0xc3, 0x28}, {}, []byte("a\x00b"), bytes.Repeat([]byte{0x80}, 300)}
+	keys := [][]byte{{0x00}, {0xff, 0xfe}, {0xc3, 0x28}, nil, []byte("a\x00b"), bytes.Repeat([]byte{0x80}, 300)}
 	b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 0, End: int64(len(keys))}
 	for i, k := range keys {
 		b.Records = append(b.Records, dedup.Record{Offset: int64(i), Entity: k, Digest: digest(fmt.Sprint(i))})

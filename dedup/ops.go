@@ -40,7 +40,7 @@ func (s *Store) Get(ctx context.Context, service string, entity []byte) (State, 
 	var digest []byte
 	err := s.pool.QueryRow(ctx, `SELECT digest, updated_at, coalesce(src_topic, ''),
 		coalesce(src_partition, -1), coalesce(src_offset, -1)
-		FROM state WHERE service = $1 AND entity = $2 AND digest IS NOT NULL`, service, entity).
+		FROM state WHERE service = $1 AND entity = $2 AND digest IS NOT NULL`, service, nonNil(entity)).
 		Scan(&digest, &st.UpdatedAt, &st.Topic, &st.Partition, &st.Offset)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return State{}, fmt.Errorf("%w: service %q entity %x", ErrNotFound, service, entity)
@@ -146,7 +146,7 @@ func Check(ctx context.Context, db Querier, service string, entity []byte, d can
 		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = now(),
 			src_topic = NULL, src_partition = NULL, src_offset = NULL
 		WHERE s.digest IS DISTINCT FROM EXCLUDED.digest
-		RETURNING 1`, service, entity, d[:]).Scan(&one)
+		RETURNING 1`, service, nonNil(entity), d[:]).Scan(&one)
 	switch {
 	case err == nil:
 		return Forward, nil
