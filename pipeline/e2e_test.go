@@ -411,6 +411,9 @@ func testHalt(t *testing.T, k int) {
 	if err := r.pl.Ready(); err == nil || !strings.Contains(err.Error(), "in/0") {
 		t.Errorf("Ready after partition 1 moved on: %v, want the halt of in/0", err)
 	}
+	if h := r.gauge("dam_halted", "svc"); h != 1 {
+		t.Errorf("dam_halted = %v, want 1", h)
+	}
 	waitCommitted(0, int64(k)) // still
 	r.stop()
 }

@@ -155,6 +155,28 @@ func (r *running) records(service string, outcomes ...string) int {
 	return int(total)
 }
 
+// gauge returns the value of a gauge with the given service label.
+func (r *running) gauge(name, service string) float64 {
+	r.t.Helper()
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		r.t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "service" && l.GetValue() == service {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
 // waitRecords waits until the pipeline has delivered (and committed) the
 // outcome of n input records of service ("" for all services): after that,
 // the output topics hold everything those records produce.
