@@ -22,7 +22,6 @@ type metrics struct {
 	storeErrors   *prometheus.CounterVec
 	deliverErrors *prometheus.CounterVec
 	pollToCommit  *prometheus.HistogramVec
-	halted        *prometheus.GaugeVec
 	lag           *prometheus.GaugeVec
 	assigned      *prometheus.GaugeVec
 	stateRows     *prometheus.GaugeVec
@@ -58,10 +57,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time from polling a batch's first record to committing its offset.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 		}, []string{"service"}),
-		halted: f.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "dam_halted",
-			Help: "Partitions not making progress: paused by an outage (retrying) or halted on bad input without a dead-letter topic.",
-		}, []string{"service"}),
 		lag: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dam_consumer_lag",
 			Help: "Records between the partition's high watermark and the next offset to decide.",
@@ -74,5 +69,26 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "dam_state_rows",
 			Help: "Identities with stored state, per service (refreshed every minute).",
 		}, []string{"service"}),
+	}
+}
+
+// haltedCollector computes dam_halted at scrape time from the partitions'
+// own state, so that no increment or decrement can be lost.
+type haltedCollector struct {
+	p    *Pipeline
+	desc *prometheus.Desc
+}
+
+func newHaltedCollector(p *Pipeline) *haltedCollector {
+	return &haltedCollector{p: p, desc: prometheus.NewDesc("dam_halted",
+		"Partitions not making progress: paused by a PostgreSQL or Kafka outage (retrying) or halted on bad input without a dead-letter topic.",
+		[]string{"service"}, nil)}
+}
+
+func (c *haltedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *haltedCollector) Collect(ch chan<- prometheus.Metric) {
+	for svc, n := range c.p.haltedCounts() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), svc)
 	}
 }

@@ -104,6 +104,9 @@ type Pipeline struct {
 	workers map[string]map[int32]*worker
 	started bool // consuming (the group has been joined at least once)
 	stopped bool
+	// brokerErr is set while no broker answers the health probe: every
+	// partition is then paused, busy or idle.
+	brokerErr error
 }
 
 // New validates what the configuration asks of the pipeline and builds it.
@@ -132,6 +135,9 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		p.routes[rt.from] = rt
 	}
 	p.metrics = newMetrics(p.reg)
+	if err := p.reg.Register(newHaltedCollector(p)); err != nil {
+		return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
+	}
 	return p, nil
 }
 
@@ -204,6 +210,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		return err
 	}
 	go p.stateRowsLoop(runCtx)
+	go p.brokerProbeLoop(runCtx)
 	p.log.Info("consuming", zap.String("group", p.cfg.Kafka.Group), zap.Int("routes", len(p.routes)))
 
 	maxPoll := p.cfg.Pipeline.BatchSize * 4
@@ -474,6 +481,9 @@ func (p *Pipeline) Ready() error {
 	if !p.started {
 		return fmt.Errorf("%w: no partition assigned yet", ErrNotReady)
 	}
+	if p.brokerErr != nil {
+		return fmt.Errorf("%w: kafka unreachable: %v", ErrNotReady, p.brokerErr)
+	}
 	for t, parts := range p.workers {
 		for part, w := range parts {
 			if err := w.halted(); err != nil {
@@ -482,6 +492,56 @@ func (p *Pipeline) Ready() error {
 		}
 	}
 	return nil
+}
+
+// haltedCounts returns, per service, the partitions not making progress:
+// those halted or paused by an outage, or all of them while Kafka is down.
+func (p *Pipeline) haltedCounts() map[string]int {
+	counts := make(map[string]int, len(p.routes))
+	for _, r := range p.routes {
+		counts[r.service] = 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, parts := range p.workers {
+		for _, w := range parts {
+			if p.brokerErr != nil || w.halted() != nil {
+				counts[w.rt.service]++
+			}
+		}
+	}
+	return counts
+}
+
+// brokerProbeLoop asks a broker for its API versions every few seconds, so
+// that an outage is reported (not ready, halted) even when no record is
+// waiting to be delivered.
+func (p *Pipeline) brokerProbeLoop(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := p.client.Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		p.mu.Lock()
+		was := p.brokerErr
+		p.brokerErr = err
+		p.mu.Unlock()
+		switch {
+		case err != nil && was == nil:
+			p.log.Warn("kafka unreachable: partitions paused until a broker answers", zap.Error(err))
+		case err == nil && was != nil:
+			p.log.Info("kafka reachable again")
+		}
+	}
 }
 
 // checkPreserve refuses to start when a partitioning: preserve route's

@@ -206,16 +206,8 @@ func (w *worker) stop(finish bool, grace time.Duration) {
 
 func (w *worker) setHalt(err error) {
 	w.haltMu.Lock()
-	changed := (w.halt == nil) != (err == nil)
 	w.halt = err
 	w.haltMu.Unlock()
-	if changed {
-		if err != nil {
-			w.pl.metrics.halted.WithLabelValues(w.rt.service).Inc()
-		} else {
-			w.pl.metrics.halted.WithLabelValues(w.rt.service).Dec()
-		}
-	}
 }
 
 // clearOutage lifts a halt once delivery works again, unless the partition
@@ -229,7 +221,6 @@ func (w *worker) clearOutage() {
 	}
 	w.halt = nil
 	w.haltMu.Unlock()
-	w.pl.metrics.halted.WithLabelValues(w.rt.service).Dec()
 }
 
 func (w *worker) halted() error {

@@ -96,6 +96,9 @@ func TestBrokerOutage(t *testing.T) {
 	got := <-seen
 	b.start()
 	t.Logf("broker restarted at %d records produced; during the outage: dam_halted>0 %v, /readyz 503 %v", load.produced.Load(), got[0], got[1])
+	if !got[0] || !got[1] {
+		t.Error("during the broker outage the sidecar did not report both dam_halted > 0 and /readyz 503")
+	}
 	s.checkAlive()
 	load.wait(2 * time.Minute)
 	r := waitDelivered(t, b.addr(), 2*time.Minute, s)
