@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/pgtest"
 )
 
 const (
@@ -349,5 +352,26 @@ func TestResetPruneStats(t *testing.T) {
 	}
 	if stats, _ := s.Stats(ctx); len(stats) != 1 || stats[0].Rows != 1 {
 		t.Fatalf("after prune: %+v", stats)
+	}
+}
+
+func TestOpenSessionSettings(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	s, err := dedup.Open(context.Background(), dsn, dedup.Config{StatementTimeout: 3 * time.Second, IdleInTransactionTimeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var stmt, lock, idle, app, path string
+	err = s.Pool().QueryRow(context.Background(), `SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),
+		current_setting('idle_in_transaction_session_timeout'), current_setting('application_name'), current_setting('search_path')`).
+		Scan(&stmt, &lock, &idle, &app, &path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stmt != "3s" || lock != "2s" || idle != "0" || app != "dam" || !strings.HasPrefix(path, "dam_test_") {
+		t.Fatalf("statement_timeout %s, lock_timeout %s, idle_in_transaction_session_timeout %s, application_name %s, search_path %s",
+			stmt, lock, idle, app, path)
 	}
 }
