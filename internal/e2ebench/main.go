@@ -541,6 +541,9 @@ func ms(s float64) string {
 	if math.IsNaN(s) || s < 0 {
 		return "n/a"
 	}
+	if s >= 16.384 { // the top finite bucket: the quantile lies beyond it
+		return ">16.4s"
+	}
 	return fmt.Sprintf("%.1fms", s*1000)
 }
 
