@@ -360,3 +360,32 @@ func TestSumAllocs(t *testing.T) {
 		t.Errorf("Sum allocates %v times per run", n)
 	}
 }
+
+// TestShapeCache hashes objects of one shape in a row, so that later ones
+// take the cached member order, and checks them against fresh hashers.
+func TestShapeCache(t *testing.T) {
+	docs := []struct{ a, b string }{
+		{`{"z":1,"a":2,"m":3}`, `{"a":2,"m":3,"z":1}`},
+		{`{"z":1,"a":2,"m":3}`, `{"m":3,"z":1,"a":2}`},
+		{`{"zebra_long_1":1,"a":2,"m":3}`, `{"a":2,"m":3,"zebra_long_1":1}`},
+		{`{"zebra_long_2":1,"a":2,"m":3}`, `{"m":3,"a":2,"zebra_long_2":1}`},
+		{`{"samepref_b":1,"samepref_a":2}`, `{"samepref_a":2,"samepref_b":1}`},
+		{`{"samepref_a":1,"samepref_b":2}`, `{"samepref_b":2,"samepref_a":1}`},
+		{`{"ts":1,"a":2}`, `{"a":2}`},
+		{`{"ts":1,"a":2}`, `{"ts":3,"a":2}`},
+		{`[{"y":1,"x":2},{"y":3,"x":4},{"y":5,"x":6}]`, `[{"x":2,"y":1},{"x":4,"y":3},{"x":6,"y":5}]`},
+	}
+	h := mustNew(t, WithIgnore("/ts"))
+	for _, d := range docs {
+		fresh := mustNew(t, WithIgnore("/ts"))
+		if got, want := mustSum(t, h, d.a), mustSum(t, fresh, d.b); got != want {
+			t.Errorf("%s (after others) != %s (fresh)", d.a, d.b)
+		}
+	}
+	if mustSum(t, h, `{"zebra_long_1":1,"a":2,"m":3}`) == mustSum(t, h, `{"zebra_long_2":1,"a":2,"m":3}`) {
+		t.Error("names differing after 8 bytes hash equal")
+	}
+	if _, err := h.Sum([]byte(`{"samepref_a":1,"samepref_a":2}`)); !errors.Is(err, ErrDuplicateMember) {
+		t.Errorf("duplicate after cached shape: %v", err)
+	}
+}

@@ -18,11 +18,13 @@ type member struct {
 	ignored                 bool
 }
 
-// less orders members by name bytes.
+// less orders members by name bytes. Inlined: the full comparison is
+// only needed when the 8-byte prefixes tie.
 func less(buf []byte, a, b *member) bool {
-	if a.prefix != b.prefix {
-		return a.prefix < b.prefix
-	}
+	return a.prefix < b.prefix || a.prefix == b.prefix && lessNames(buf, a, b)
+}
+
+func lessNames(buf []byte, a, b *member) bool {
 	return bytes.Compare(buf[a.key:a.keyEnd], buf[b.key:b.keyEnd]) < 0
 }
 
@@ -67,6 +69,22 @@ type state struct {
 	out      []byte // the final encoding: buf, or tmp when the top object was reordered
 	stack    []frame
 	members  []member
+	shapes   [8]shape // recent object shapes, by member count and first name byte
+}
+
+// maxShape is the largest object whose member order is cached.
+const maxShape = 16
+
+// shape remembers the sorted order of an object's members by their name
+// prefixes (in input order). Records of one topic repeat the same shapes,
+// so most objects are ordered by comparing n prefixes instead of sorting.
+// Only shapes whose prefixes are pairwise distinct are cached: then the
+// prefixes alone decide the order and rule out duplicate names.
+type shape struct {
+	n        int
+	sorted   bool // perm is the identity
+	prefixes [maxShape]uint64
+	perm     [maxShape]uint8 // perm[k] is the input index of the k-th member in order
 }
 
 // strSafe marks the bytes a string can hold that need no work: printable
@@ -95,17 +113,49 @@ func special(w uint64) uint64 {
 // appendShort appends tag, the length (< 0x80) and in[i:j]. Short values
 // are copied with two 8-byte moves into the buffer's spare capacity instead
 // of a memmove call (bytes past the new length are garbage, never read).
+// It is small enough to be inlined.
 func appendShort(buf []byte, tag byte, in []byte, i, j int) []byte {
 	l := len(buf)
-	if j-i <= 16 && i+16 <= len(in) && cap(buf)-l >= 18 {
-		b := buf[l : l+18]
-		b[0], b[1] = tag, byte(j-i)
-		binary.LittleEndian.PutUint64(b[2:], binary.LittleEndian.Uint64(in[i:]))
-		binary.LittleEndian.PutUint64(b[10:], binary.LittleEndian.Uint64(in[i+8:]))
-		return buf[:l+2+j-i]
+	if j-i > 16 || i+16 > len(in) || cap(buf)-l < 18 {
+		return appendLong(buf, tag, in[i:j])
 	}
-	buf = append(buf, tag, byte(j-i))
-	return append(buf, in[i:j]...)
+	b := buf[l : l+18]
+	binary.LittleEndian.PutUint16(b, uint16(tag)|uint16(j-i)<<8)
+	binary.LittleEndian.PutUint64(b[2:], binary.LittleEndian.Uint64(in[i:]))
+	binary.LittleEndian.PutUint64(b[10:], binary.LittleEndian.Uint64(in[i+8:]))
+	return buf[:l+2+j-i]
+}
+
+func appendLong(buf []byte, tag byte, v []byte) []byte {
+	return append(append(buf, tag, byte(len(v))), v...)
+}
+
+// appendSpan appends src[from:to] to dst. Spans up to 64 bytes are moved
+// in 8-byte words through spare capacity (reading and writing up to 7
+// bytes past the span, never past a capacity) instead of a memmove call.
+func appendSpan(dst, src []byte, from, to int) []byte {
+	l, d := to-from, len(dst)
+	if l <= 64 && cap(dst)-d >= l+8 && to+8 <= cap(src) {
+		src = src[:cap(src)]
+		w := dst[d:cap(dst)]
+		for k := 0; k < l; k += 8 {
+			binary.LittleEndian.PutUint64(w[k:], binary.LittleEndian.Uint64(src[from+k:]))
+		}
+		return dst[:d+l]
+	}
+	return append(dst, src[from:to]...)
+}
+
+// scanString returns the index of the first byte at or after i that is
+// not strSafe, testing the first 8 bytes inline (most strings are short).
+func scanString(in []byte, i int) int {
+	if i+8 <= len(in) {
+		if t := special(binary.LittleEndian.Uint64(in[i:])); t != 0 {
+			return i + bits.TrailingZeros64(t)>>3
+		}
+		return scanSafe(in, i+8)
+	}
+	return scanSafe(in, i)
 }
 
 // scanSafe returns the index of the first byte at or after j that is not
@@ -164,6 +214,7 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 	// typical JSON is a little shorter than the text.
 	if want := min(len(in)+len(in)/4, 1<<16) + 64; cap(buf) < want {
 		buf = make([]byte, 0, want)
+		s.tmp = make([]byte, 0, want)
 	}
 	s.out = nil
 	n := len(in)
@@ -182,20 +233,38 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 			}
 			start := len(buf)
 			i := pos + 1
-			j := i
-			if i+8 <= n {
-				// Most names fit in 8 bytes: test them inline, no call.
-				w := binary.LittleEndian.Uint64(in[i:])
-				if t := special(w); t != 0 {
-					j = i + bits.TrailingZeros64(t)>>3
-				} else {
-					j = scanSafe(in, i+8)
-				}
-			} else {
-				j = scanSafe(in, i)
-			}
-			var k int
+			var j, k int
 			var prefix uint64
+			// Fast path, no calls: a plain ASCII name of up to 15 bytes
+			// is tested and copied as two 8-byte words.
+			if l := len(buf); i+16 <= n && cap(buf)-l >= 18 {
+				w0 := binary.LittleEndian.Uint64(in[i:])
+				w1 := binary.LittleEndian.Uint64(in[i+8:])
+				t := special(w0)
+				if t == 0 {
+					t = special(w1)
+					if t != 0 {
+						j = i + 8 + bits.TrailingZeros64(t)>>3
+					}
+				} else {
+					j = i + bits.TrailingZeros64(t)>>3
+				}
+				if t != 0 && in[j] == '"' {
+					b := buf[l : l+18]
+					binary.LittleEndian.PutUint16(b, uint16('s')|uint16(j-i)<<8)
+					binary.LittleEndian.PutUint64(b[2:], w0)
+					binary.LittleEndian.PutUint64(b[10:], w1)
+					buf = buf[:l+2+j-i]
+					k = l + 2
+					prefix = bits.ReverseBytes64(w0)
+					if j-i < 8 {
+						prefix &^= ^uint64(0) >> (8 * uint(j-i))
+					}
+					j++
+					goto named
+				}
+			}
+			j = scanString(in, i)
 			if j < n && in[j] == '"' && j-i < 0x80 {
 				k = len(buf) + 2
 				buf = appendShort(buf, 's', in, i, j)
@@ -209,6 +278,7 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 				}
 				prefix = namePrefix(buf, k, len(buf))
 			}
+		named:
 			// Fill the member in place: building it on the stack and
 			// copying it costs a store-forwarding stall.
 			members = append(members, member{})
@@ -238,7 +308,29 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 			switch c := in[pos]; c {
 			case '"':
 				i := pos + 1
-				j := scanSafe(in, i)
+				// Fast path, no calls: plain ASCII of up to 15 bytes.
+				if l := len(buf); i+16 <= n && cap(buf)-l >= 18 {
+					w0 := binary.LittleEndian.Uint64(in[i:])
+					w1 := binary.LittleEndian.Uint64(in[i+8:])
+					j := i
+					if t := special(w0); t != 0 {
+						j += bits.TrailingZeros64(t) >> 3
+					} else if t := special(w1); t != 0 {
+						j += 8 + bits.TrailingZeros64(t)>>3
+					}
+					if j > i || in[i] == '"' {
+						if in[j] == '"' {
+							b := buf[l : l+18]
+							binary.LittleEndian.PutUint16(b, uint16('s')|uint16(j-i)<<8)
+							binary.LittleEndian.PutUint64(b[2:], w0)
+							binary.LittleEndian.PutUint64(b[10:], w1)
+							buf = buf[:l+2+j-i]
+							pos = j + 1
+							break
+						}
+					}
+				}
+				j := scanString(in, i)
 				if j < n && in[j] == '"' && j-i < 0x80 {
 					buf = appendShort(buf, 's', in, i, j)
 					pos = j + 1
@@ -261,7 +353,15 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 					}
 					break
 				}
-				buf = appendShort(buf, 'd', in, pos, i)
+				if l := len(buf); i-pos <= 16 && pos+16 <= n && cap(buf)-l >= 18 {
+					b := buf[l : l+18]
+					binary.LittleEndian.PutUint16(b, uint16('d')|uint16(i-pos)<<8)
+					binary.LittleEndian.PutUint64(b[2:], binary.LittleEndian.Uint64(in[pos:]))
+					binary.LittleEndian.PutUint64(b[10:], binary.LittleEndian.Uint64(in[pos+8:]))
+					buf = buf[:l+2+i-pos]
+				} else {
+					buf = appendShort(buf, 'd', in, pos, i)
+				}
 				pos = i
 			case '-', '0':
 				if buf, pos, err = number(buf, in, pos); err != nil {
@@ -425,6 +525,31 @@ func (h *Hasher) matchIndex(active uint64, d, idx int) (uint64, bool) {
 // drops ignored members and ends the object. The top-level object is
 // reordered into s.tmp only, which then is the final encoding: no copy back.
 func (s *state) closeObject(buf []byte, ms []member, body int, top bool) ([]byte, error) {
+	n := len(ms)
+	if n < 2 {
+		if n == 1 && ms[0].ignored {
+			buf = buf[:body]
+		}
+		return append(buf, '}'), nil
+	}
+	var sh *shape
+	if n <= maxShape {
+		// Slot by size and first name byte, so that small objects of
+		// different shapes (coordinates, money) do not evict each other.
+		sh = &s.shapes[(n+int(ms[0].prefix>>56))&7]
+		if sh.n == n && sh.prefixes[0] == ms[0].prefix {
+			hit := true
+			for i := 1; i < n; i++ {
+				if sh.prefixes[i] != ms[i].prefix {
+					hit = false
+					break
+				}
+			}
+			if hit {
+				return s.reorder(buf, ms, sh.perm[:n], body, top, sh.sorted), nil
+			}
+		}
+	}
 	sorted, ignored := true, false
 	for i := range ms {
 		ignored = ignored || ms[i].ignored
@@ -462,12 +587,15 @@ func (s *state) closeObject(buf []byte, ms []member, body int, top bool) ([]byte
 			}
 		}
 	}
+	if sh != nil {
+		s.remember(sh, ms, sorted)
+	}
 	switch {
 	case top && (!sorted || ignored):
 		s.tmp = append(s.tmp[:0], buf[:body]...)
 		for i := range ms {
 			if !ms[i].ignored {
-				s.tmp = append(s.tmp, buf[ms[i].start:ms[i].end]...)
+				s.tmp = appendSpan(s.tmp, buf, int(ms[i].start), int(ms[i].end))
 			}
 		}
 		s.tmp = append(s.tmp, '}')
@@ -476,13 +604,72 @@ func (s *state) closeObject(buf []byte, ms []member, body int, top bool) ([]byte
 		tmp := s.tmp[:0]
 		for i := range ms {
 			if !ms[i].ignored {
-				tmp = append(tmp, buf[ms[i].start:ms[i].end]...)
+				tmp = appendSpan(tmp, buf, int(ms[i].start), int(ms[i].end))
 			}
 		}
 		s.tmp = tmp
 		buf = append(buf[:body], tmp...)
 	}
 	return append(buf, '}'), nil
+}
+
+// remember caches the order of ms (now sorted; its input order is
+// recovered from the prefixes) if the prefixes are pairwise distinct.
+func (s *state) remember(sh *shape, ms []member, sorted bool) {
+	sh.n = 0
+	for i := 1; i < len(ms); i++ {
+		if ms[i-1].prefix == ms[i].prefix {
+			return
+		}
+	}
+	if sorted {
+		for i := range ms {
+			sh.prefixes[i] = ms[i].prefix
+			sh.perm[i] = uint8(i)
+		}
+		sh.n, sh.sorted = len(ms), true
+		return
+	}
+	// The input order is by buffer offset.
+	for k := range ms {
+		pos := 0
+		for i := range ms {
+			if ms[i].start < ms[k].start {
+				pos++
+			}
+		}
+		sh.prefixes[pos] = ms[k].prefix
+		sh.perm[k] = uint8(pos)
+	}
+	sh.n, sh.sorted = len(ms), false
+}
+
+// reorder writes the members of an object in the order perm (indexes
+// into ms), dropping ignored ones, and ends the object.
+func (s *state) reorder(buf []byte, ms []member, perm []uint8, body int, top, sorted bool) []byte {
+	ignored := false
+	for i := range ms {
+		ignored = ignored || ms[i].ignored
+	}
+	if sorted && !ignored {
+		return append(buf, '}')
+	}
+	tmp := s.tmp[:0]
+	if top {
+		tmp = append(tmp, buf[:body]...)
+	}
+	for _, k := range perm {
+		if m := &ms[k]; !m.ignored {
+			tmp = appendSpan(tmp, buf, int(m.start), int(m.end))
+		}
+	}
+	if top {
+		tmp = append(tmp, '}')
+		s.tmp, s.out = tmp, tmp
+		return append(buf, '}')
+	}
+	s.tmp = tmp
+	return append(append(buf[:body], tmp...), '}')
 }
 
 func dupErr(buf []byte, a, b member) error {
