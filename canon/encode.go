@@ -714,14 +714,26 @@ func strSlow(buf, in []byte, pos, j int) ([]byte, int, int, error) {
 		case c < 0x20:
 			return buf, j, k, syntaxErr(j, "control character in string")
 		default:
-			// c >= 0x80: validate one UTF-8 sequence (DecodeRune also
-			// rejects encoded surrogates and overlong forms).
-			r, size := utf8.DecodeRune(in[j:])
-			if r == utf8.RuneError && size == 1 {
+			// c >= 0x80: validate the whole run of non-ASCII bytes at once
+			// (utf8.Valid also rejects encoded surrogates and overlong
+			// forms; a sequence cut short by an ASCII byte is invalid).
+			e := j + 1
+			for e < n && in[e] >= 0x80 {
+				e++
+			}
+			if !utf8.Valid(in[j:e]) {
+				// Find the offending byte for the error.
+				for j < e {
+					r, size := utf8.DecodeRune(in[j:e])
+					if r == utf8.RuneError && size == 1 {
+						break
+					}
+					j += size
+				}
 				return buf, j, k, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "invalid UTF-8"}
 			}
-			buf = append(buf, in[j:j+size]...)
-			j += size
+			buf = append(buf, in[j:e]...)
+			j = e
 		}
 		start := j
 		j = scanSafe(in, j)
