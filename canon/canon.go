@@ -1,11 +1,21 @@
 // Package canon computes structural hashes of record values: two JSON
-// values get the same Digest iff their trees are equal (members in any
-// order, strings by decoded value, numbers by literal text, whitespace
-// ignored, ignore pointers left out). It is pure: no I/O, no state beyond
-// a Hasher's pooled scratch buffers.
+// values get the same Digest iff their trees are equal. That is its one job.
+//
+// Equality of trees (DESIGN.md §1): objects are sets of members (order is
+// irrelevant; a name occurring twice in one object, compared decoded, is
+// invalid); arrays are ordered; strings compare by decoded value ("\u0041"
+// equals "A"; invalid UTF-8 and lone surrogates are invalid); numbers
+// compare by their literal text after validation (1, 1.0 and 1e0 differ,
+// so do -0 and 0); whitespace (space, tab, CR, LF) is irrelevant; anything
+// after the top-level value is invalid, and so is a byte order mark.
+// Values at ignore pointers (RFC 6901, "*" matching any member or index, a
+// numeric token also matching that array index) are left out of the hash
+// but still validated: whether an input is valid never depends on the
+// ignore pointers. The input is only read, never modified.
 //
 // The hash is SHA-256 over a prefix-free binary encoding of the tree,
-// version 1 (SchemeJSON1), built in one pass by an iterative parser:
+// version 1 (SchemeJSON1), built in one pass by an iterative parser (an
+// explicit stack, no recursion) into pooled scratch buffers:
 //
 //	null, true, false   'n', 't', 'f'
 //	number              'd' uvarint(len) literal text
@@ -14,8 +24,14 @@
 //	object              'o' (name as a string, value)... '}'
 //	                    members sorted by name bytes, ignored ones removed
 //
-// The encoding is persisted through the digests: never change it without a
-// new Scheme.
+// Every value starts with a tag and every variable part carries its
+// length, so distinct trees never share an encoding. The encoding is
+// persisted through the digests: never change it without a new Scheme.
+//
+// Limits: nesting depth (default 128) and size (default 1 MiB); memory is
+// proportional to the input, and no input panics or exhausts the stack. A
+// nil value (a Kafka tombstone) hashes to Tombstone; FormatBytes hashes the
+// raw bytes (SchemeBytes1).
 package canon
 
 import (
