@@ -12,6 +12,12 @@ import (
 // about size bytes: nested objects, an array of objects, strings with
 // escapes and non-ASCII text, numbers, booleans, nulls and timestamps.
 func projection(size int) []byte {
+	if size < 400 {
+		// The small projection a narrow adapter gets: about 200 bytes.
+		return []byte(`{"banana_id":"B-007","name":"Mr. Banana","ripeness_level":"Mostly Yellow",` +
+			`"updated_at":"2026-11-21T19:43:21Z","version":42,"active":true,"ref":null,` +
+			`"origin":{"country":"EC","lat":-1.8312},"tags":["caf\u00e9","Grün"]}`)
+	}
 	var b bytes.Buffer
 	b.WriteString(`{"banana_id":"B-007","name":"Mr. Banana","ripeness_level":"Mostly Yellow",` +
 		`"updated_at":"2026-11-21T19:43:21.123456Z","version":42,"active":true,"discontinued":null,` +
