@@ -22,20 +22,27 @@ func addDSNFlag(cmd *cobra.Command, persistent bool) {
 		flags = cmd.PersistentFlags()
 	}
 	flags.String("dsn", "", "PostgreSQL `DSN` (default $"+envPostgresDSN+"); its search_path selects dam's schema")
+	flags.StringP("config", "c", "", "read postgres.dsn from this configuration `FILE` (and DAM_* variables)")
 }
 
 // resolveDSN returns the PostgreSQL DSN for a command: --dsn, else
-// $DAM_POSTGRES_DSN. Hook for --config: extend it here to read postgres.dsn
-// from the configuration file (between the flag and the environment), and
-// every command that talks to PostgreSQL follows.
+// postgres.dsn of --config (with its DAM_* overlay: DAM_POSTGRES_DSN wins
+// over the file, as for dam run), else $DAM_POSTGRES_DSN.
 func resolveDSN(cmd *cobra.Command) (string, error) {
 	if dsn, _ := cmd.Flags().GetString("dsn"); dsn != "" {
 		return dsn, nil
 	}
+	if path, _ := cmd.Flags().GetString("config"); path != "" {
+		cfg, err := loadConfig(path)
+		if err != nil {
+			return "", err
+		}
+		return cfg.Postgres.DSN, nil
+	}
 	if dsn := os.Getenv(envPostgresDSN); dsn != "" {
 		return dsn, nil
 	}
-	return "", usagef("no PostgreSQL DSN: pass --dsn or set %s", envPostgresDSN)
+	return "", usagef("no PostgreSQL DSN: pass --dsn or --config, or set %s", envPostgresDSN)
 }
 
 func newMigrateCmd() *cobra.Command {
