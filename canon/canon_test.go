@@ -3,6 +3,7 @@ package canon
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -387,5 +388,38 @@ func TestShapeCache(t *testing.T) {
 	}
 	if _, err := h.Sum([]byte(`{"samepref_a":1,"samepref_a":2}`)); !errors.Is(err, ErrDuplicateMember) {
 		t.Errorf("duplicate after cached shape: %v", err)
+	}
+}
+
+// TestConcurrent shares one Hasher between goroutines (run with -race):
+// pooled scratch state must never leak between calls.
+func TestConcurrent(t *testing.T) {
+	h := mustNew(t, WithIgnore("/items/*/ts"))
+	docs := [][]byte{projection(200), projection(2048), []byte(`{"b":1,"a":[{"y":1,"x":2}]}`), []byte(`[1,"\u00e9",null]`)}
+	want := make([]Digest, len(docs))
+	for i, d := range docs {
+		want[i] = mustSum(t, mustNew(t, WithIgnore("/items/*/ts")), string(d))
+	}
+	done := make(chan error)
+	for g := range 4 {
+		go func() {
+			for i := range 200 {
+				k := (g + i) % len(docs)
+				if d, err := h.Sum(docs[k]); err != nil || d != want[k] {
+					done <- fmt.Errorf("goroutine %d, doc %d: %v, %v", g, k, d, err)
+					return
+				}
+				if _, err := h.Sum([]byte(`{"a":1,"a":2}`)); err == nil {
+					done <- errors.New("duplicate accepted")
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
 	}
 }
