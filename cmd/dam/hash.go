@@ -36,7 +36,8 @@ Invalid input exits with status 1 and names the byte (and line) at fault.`,
 		Example: `  echo '{"b":1,"a":2}' | dam hash
   dam hash --ignore /updated_at --ignore '/items/*/ts' record.json
   kcat -C -t projections -e -f '%s\n' | dam hash --lines`,
-		Args: argsUsage(cobra.MaximumNArgs(1)),
+		Args:                  argsUsage(cobra.MaximumNArgs(1)),
+		DisableFlagsInUseLine: true, // Use already lists them
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f, err := canon.ParseFormat(format)
 			if err != nil {
