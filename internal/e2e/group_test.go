@@ -30,7 +30,7 @@ func TestRebalance(t *testing.T) {
 	if !c.logContains(`"partition assigned"`) {
 		t.Error("the second instance never got a partition")
 	}
-	err, took := c.term(c.grace + 5*time.Second)
+	took, err := c.term(c.grace + 5*time.Second)
 	t.Logf("second instance stopped (SIGTERM) at %d records produced: exit %v after %s", load.produced.Load(), err, took.Round(time.Millisecond))
 	if err != nil {
 		t.Errorf("second instance: exit %v, want status 0", err)
@@ -56,7 +56,7 @@ func TestGracefulShutdown(t *testing.T) {
 
 	load := startLoad(t, b.addr(), 20000, 2000, 20*time.Second)
 	time.Sleep(6 * time.Second)
-	err, took := s.term(s.grace + 5*time.Second)
+	took, err := s.term(s.grace + 5*time.Second)
 	t.Logf("SIGTERM at %d records produced: exit %v after %s", load.produced.Load(), err, took.Round(time.Millisecond))
 	if err != nil {
 		t.Errorf("exit %v, want status 0", err)

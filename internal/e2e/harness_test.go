@@ -270,22 +270,6 @@ func (s *sidecar) start() {
 	}()
 }
 
-// running reports whether the process is alive (it has not exited).
-func (s *sidecar) running() bool {
-	s.mu.Lock()
-	done := s.done
-	s.mu.Unlock()
-	if done == nil {
-		return false
-	}
-	select {
-	case <-done:
-		return false
-	default:
-		return true
-	}
-}
-
 // kill sends SIGKILL and waits for the process to be gone.
 func (s *sidecar) kill() {
 	s.mu.Lock()
@@ -301,10 +285,10 @@ func (s *sidecar) kill() {
 	s.mu.Unlock()
 }
 
-// term sends SIGTERM and returns the exit error (nil: status 0) and how
-// long the process took to exit; it fails the test if it is not gone within
+// term sends SIGTERM and returns how long the process took to exit and
+// the exit error (nil: status 0); it fails the test if it is not gone within
 // limit (and kills it).
-func (s *sidecar) term(limit time.Duration) (error, time.Duration) {
+func (s *sidecar) term(limit time.Duration) (time.Duration, error) {
 	s.t.Helper()
 	s.mu.Lock()
 	cmd, done := s.cmd, s.done
@@ -326,7 +310,7 @@ func (s *sidecar) term(limit time.Duration) (error, time.Duration) {
 	s.cmd = nil
 	err := s.err
 	s.mu.Unlock()
-	return err, took
+	return took, err
 }
 
 // checkAlive fails the test if the process exited on its own.

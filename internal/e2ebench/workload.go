@@ -49,8 +49,7 @@ func (w *workload) render(e int, v uint32, order uint64) []byte {
 	str := func(s string) func() { return func() { b.WriteString(strconv.Quote(s)) } }
 	num := func(n int) func() { return func() { b.WriteString(strconv.Itoa(n)) } }
 	lit := func(s string) func() { return func() { b.WriteString(s) } }
-	var obj func(ms []member) func()
-	obj = func(ms []member) func() {
+	obj := func(ms []member) func() {
 		return func() {
 			ord.Shuffle(len(ms), func(i, j int) { ms[i], ms[j] = ms[j], ms[i] })
 			b.WriteByte('{')
