@@ -434,6 +434,13 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 	}
 	for i, r := range recs {
 		switch {
+		case b.Records[i].Invalid:
+			// Bad input is dead-lettered whether or not the store could
+			// decide the batch.
+			cause := causes[i]
+			w.log.Warn("bad input: dead-lettered", zap.Int64("offset", r.Offset), zap.String("dead_letter", w.rt.dlq), zap.Error(cause))
+			j.out = append(j.out, w.rt.deadLetter(r, cause))
+			j.counts[outcomeInvalid]++
 		case undecided:
 			j.out = append(j.out, w.rt.output(r, false))
 			j.counts[outcomeUndecided]++
@@ -445,11 +452,6 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 				j.out = append(j.out, w.rt.output(r, true))
 			}
 			j.counts[outcomeDuplicate]++
-		case decisions[i] == dedup.Invalid:
-			cause := causes[i]
-			w.log.Warn("bad input: dead-lettered", zap.Int64("offset", r.Offset), zap.String("dead_letter", w.rt.dlq), zap.Error(cause))
-			j.out = append(j.out, w.rt.deadLetter(r, cause))
-			j.counts[outcomeInvalid]++
 		}
 	}
 	return w.send(j)

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"github.com/dam-dedup/dam/internal/tcpproxy"
+
 	"net/http"
 	"testing"
 	"time"
@@ -40,22 +42,22 @@ func TestPostgresOutage(t *testing.T) {
 	needBinary(t)
 	b := newBroker(t, false)
 	dsn := pgtest.DSN(t)
-	target, rewrite := dsnHostPort(t, dsn)
-	proxy := newPGProxy(t, target)
-	s := newSidecar(t, "a", sidecarOpts{brokers: b.addr(), dsn: rewrite(proxy.addr())})
+	target, rewrite := tcpproxy.PostgresDSN(t, dsn)
+	proxy := tcpproxy.New(t, target)
+	s := newSidecar(t, "a", sidecarOpts{brokers: b.addr(), dsn: rewrite(proxy.Addr())})
 	s.start()
 	s.waitReady(30 * time.Second)
 
 	load := startLoad(t, b.addr(), 24000, 2000, 30*time.Second)
 	time.Sleep(5 * time.Second)
-	proxy.cut()
+	proxy.Cut()
 	t.Logf("PostgreSQL cut at %d records produced", load.produced.Load())
 	stop := make(chan struct{})
 	seen := watchHalted(s, stop)
 	time.Sleep(20 * time.Second)
 	close(stop)
 	got := <-seen
-	proxy.restore()
+	proxy.Restore()
 	t.Logf("PostgreSQL restored at %d records produced; during the cut: dam_halted>0 %v, /readyz 503 %v", load.produced.Load(), got[0], got[1])
 	if !got[0] && !got[1] {
 		t.Error("during the PostgreSQL outage the sidecar never reported dam_halted > 0 nor /readyz 503")
