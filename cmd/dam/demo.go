@@ -206,20 +206,24 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 	}
 	go func() { genDone <- gen.run(genCtx, o.records, rate) }()
 
-	// Live line until every sent record is decided (or Ctrl-C).
+	// Live line until every sent record is decided. Ctrl-C stops producing;
+	// what was sent is still decided (for at most drainTimeout) before the
+	// summary.
+	const drainTimeout = 30 * time.Second
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	start := time.Now()
 	var lastDecided float64
 	lastAt := start
 	genFinished := false
+	interrupt := ctx.Done()
+	var drainBy <-chan time.Time
 	for {
 		select {
-		case <-ctx.Done():
-			fmt.Fprintln(out)
+		case <-interrupt:
+			interrupt = nil
 			stopGen()
-			<-genDone
-			genFinished = true
+			drainBy = time.After(drainTimeout)
 		case err := <-genDone:
 			if err != nil && ctx.Err() == nil {
 				return fmt.Errorf("demo: producing: %w", err)
@@ -228,6 +232,8 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 			genDone = nil
 		case err := <-sideErr:
 			return fmt.Errorf("demo: sidecar stopped: %w", err)
+		case <-drainBy:
+			return fmt.Errorf("demo: %d records sent were not all decided within %s", gen.sent.Load(), drainTimeout)
 		case <-tick.C:
 		}
 		c := readCounts(reg)
@@ -237,7 +243,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 		lastDecided, lastAt = decided, now
 		fmt.Fprintf(out, "\rin %-8d forwarded %-8.0f dropped %-8.0f dead-lettered %-6.0f %8.0f records/s   ",
 			gen.sent.Load(), c.total("forwarded"), c.total("duplicate"), c.total("invalid"), rps)
-		if (genFinished && decided >= float64(gen.sent.Load())) || ctx.Err() != nil {
+		if genFinished && decided >= float64(gen.sent.Load()) {
 			break
 		}
 	}
@@ -351,8 +357,10 @@ func (g *demoGenerator) run(ctx context.Context, limit, rate int) error {
 	for ctx.Err() == nil && (limit == 0 || int(g.sent.Load()) < limit) {
 		for _, r := range g.event(limit) {
 			g.sent.Add(1)
-			g.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
-				if err != nil && ctx.Err() == nil {
+			// Not ctx: a record counted in the reference model must reach
+			// Kafka even when Ctrl-C stops the generator.
+			g.cl.Produce(context.WithoutCancel(ctx), r, func(_ *kgo.Record, err error) {
+				if err != nil {
 					errMu.Lock()
 					firstErr = err
 					errMu.Unlock()

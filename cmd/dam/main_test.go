@@ -72,3 +72,16 @@ func TestRunRefusesExactlyOnce(t *testing.T) {
 		t.Fatalf("got %d %q, want exit 2 naming exactly-once", code, errOut)
 	}
 }
+
+// The demo runs the real sidecar and fails unless its per-service counts
+// match its reference model: exit 0 means every decision was right.
+func TestDemo(t *testing.T) {
+	base, err := pgtest.Base()
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runDam(t, "demo", "--records", "3000", "--entities", "200", "--dsn", base)
+	if code != 0 || strings.Count(out, "matches") != 4 {
+		t.Fatalf("demo: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
