@@ -126,6 +126,19 @@ func appendShort(buf []byte, tag byte, in []byte, i, j int) []byte {
 	return buf[:l+2+j-i]
 }
 
+// appendRaw appends in[i:j], moving up to 16 bytes as two 8-byte words
+// through spare capacity instead of a memmove call.
+func appendRaw(buf, in []byte, i, j int) []byte {
+	l := len(buf)
+	if j-i > 16 || i+16 > len(in) || cap(buf)-l < 16 {
+		return append(buf, in[i:j]...)
+	}
+	b := buf[l : l+16]
+	binary.LittleEndian.PutUint64(b, binary.LittleEndian.Uint64(in[i:]))
+	binary.LittleEndian.PutUint64(b[8:], binary.LittleEndian.Uint64(in[i+8:]))
+	return buf[:l+j-i]
+}
+
 func appendLong(buf []byte, tag byte, v []byte) []byte {
 	return append(append(buf, tag, byte(len(v))), v...)
 }
@@ -713,6 +726,10 @@ func strSlow(buf, in []byte, pos, j int) ([]byte, int, int, error) {
 			}
 		case c < 0x20:
 			return buf, j, k, syntaxErr(j, "control character in string")
+		case c >= 0xC2 && c < 0xE0 && j+1 < n && in[j+1]&0xC0 == 0x80:
+			// A two-byte sequence (Latin text): valid as it stands.
+			buf = append(buf, c, in[j+1])
+			j += 2
 		default:
 			// c >= 0x80: validate the whole run of non-ASCII bytes at once
 			// (utf8.Valid also rejects encoded surrogates and overlong
@@ -737,7 +754,7 @@ func strSlow(buf, in []byte, pos, j int) ([]byte, int, int, error) {
 		}
 		start := j
 		j = scanSafe(in, j)
-		buf = append(buf, in[start:j]...)
+		buf = appendRaw(buf, in, start, j)
 	}
 }
 
