@@ -124,8 +124,9 @@ type Pipeline struct {
 	// BatchSize is the maximum number of records per decide transaction.
 	// Default 500.
 	BatchSize int `koanf:"batch_size"`
-	// MaxInFlight is the number of records buffered per partition before
-	// fetching pauses; at least BatchSize. Default 10000.
+	// MaxInFlight bounds the records buffered per partition: while any
+	// partition holds this many, dam stops polling. At least BatchSize.
+	// Default 10000.
 	MaxInFlight int `koanf:"max_in_flight"`
 	// ShutdownGrace bounds the time to finish the batches in flight on
 	// shutdown. Default 30s.

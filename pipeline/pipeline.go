@@ -104,6 +104,9 @@ type Pipeline struct {
 	workers map[string]map[int32]*worker
 	started bool // consuming (the group has been joined at least once)
 	stopped bool
+	// room is signalled when a worker's queue may have dropped below
+	// max_in_flight: the poll loop waits on it while a worker is full.
+	room chan struct{}
 	// brokerErr is set while no broker answers the health probe: every
 	// partition is then paused, busy or idle.
 	brokerErr error
@@ -120,6 +123,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		routes:     map[string]*route{},
 		workers:    map[string]map[int32]*worker{},
 		pruneEvery: 5 * time.Second,
+		room:       make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(p)
@@ -215,6 +219,10 @@ func (p *Pipeline) Run(ctx context.Context) error {
 
 	maxPoll := p.cfg.Pipeline.BatchSize * 4
 	for {
+		// Backpressure: no poll while a partition holds max_in_flight
+		// records. (Not franz-go's per-partition pause: a partition paused
+		// when revoked was seen never to fetch again once reassigned.)
+		p.waitForRoom(ctx)
 		fetches := cl.PollRecords(ctx, maxPoll)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			cl.AllowRebalance()
@@ -277,6 +285,39 @@ func (p *Pipeline) stopWorkers(ws []*worker, finish bool) {
 		}()
 	}
 	wg.Wait()
+}
+
+// waitForRoom blocks while any worker is full, until ctx ends.
+func (p *Pipeline) waitForRoom(ctx context.Context) {
+	for p.anyFull() {
+		select {
+		case <-p.room:
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second): // a signal missed is only a delay
+		}
+	}
+}
+
+func (p *Pipeline) anyFull() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, parts := range p.workers {
+		for _, w := range parts {
+			if w.full() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// roomMaybe wakes the poll loop if it waits for room.
+func (p *Pipeline) roomMaybe() {
+	select {
+	case p.room <- struct{}{}:
+	default:
+	}
 }
 
 func (p *Pipeline) worker(topic string, part int32) *worker {

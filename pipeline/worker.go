@@ -16,7 +16,8 @@ import (
 )
 
 // errHalted stops a partition on bad input when its route has no dead-letter
-// topic. The partition stays assigned and paused until an operator acts.
+// topic. The partition stays assigned, deciding nothing, until an operator
+// acts.
 var errHalted = errors.New("pipeline: partition halted on bad input")
 
 // plan is where a newly assigned partition starts, as worked out by
@@ -65,7 +66,6 @@ type worker struct {
 	mu       sync.Mutex
 	queue    []*kgo.Record
 	polledAt time.Time // when the oldest queued record was polled
-	paused   bool      // fetching paused for backpressure
 	closing  bool      // finish what is decided, take nothing new
 	wake     chan struct{}
 
@@ -112,8 +112,8 @@ func (w *worker) start() {
 	go func() { wg.Wait(); close(w.done) }()
 }
 
-// push hands polled records to the worker. It never blocks the poll loop:
-// past max_in_flight buffered records the partition's fetching is paused.
+// push hands polled records to the worker. It never blocks the poll loop;
+// the loop stops polling while a worker holds max_in_flight records (full).
 func (w *worker) push(recs []*kgo.Record, polled time.Time) {
 	w.mu.Lock()
 	if w.closing {
@@ -124,14 +124,7 @@ func (w *worker) push(recs []*kgo.Record, polled time.Time) {
 		w.polledAt = polled
 	}
 	w.queue = append(w.queue, recs...)
-	pause := !w.paused && len(w.queue) >= w.pl.cfg.Pipeline.MaxInFlight
-	if pause {
-		w.paused = true
-	}
 	w.mu.Unlock()
-	if pause {
-		w.pl.client.PauseFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
-	}
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -157,14 +150,8 @@ func (w *worker) take(n int) (recs []*kgo.Record, polled time.Time, ok bool) {
 			if len(w.queue) == 0 {
 				w.queue = nil
 			}
-			resume := w.paused && len(w.queue) < w.pl.cfg.Pipeline.MaxInFlight/2
-			if resume {
-				w.paused = false
-			}
 			w.mu.Unlock()
-			if resume {
-				w.pl.client.ResumeFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
-			}
+			w.pl.roomMaybe()
 			return recs, polled, true
 		}
 		w.mu.Unlock()
@@ -202,6 +189,14 @@ func (w *worker) stop(finish bool, grace time.Duration) {
 	w.cancel()
 	w.setHalt(nil)
 	w.pl.metrics.lag.DeleteLabelValues(w.rt.service, w.label)
+	w.pl.roomMaybe()
+}
+
+// full reports whether the worker holds max_in_flight records or more.
+func (w *worker) full() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.closing && len(w.queue) >= w.pl.cfg.Pipeline.MaxInFlight
 }
 
 func (w *worker) setHalt(err error) {
@@ -248,25 +243,28 @@ func (w *worker) decideLoop() {
 }
 
 // fail parks the partition after an error that retrying cannot fix: fencing
-// (another owner has it) or a halt on bad input. Fetching is paused and the
-// worker waits to be revoked; nothing is skipped: the next owner or the next
-// start resumes at the last committed decision.
+// (another owner has it) or a halt on bad input. The worker takes nothing
+// more (records still fetched are dropped, never committed) and waits to be
+// revoked; nothing is skipped: the next owner or the next start resumes at
+// the last committed decision.
 func (w *worker) fail(err error) {
-	switch {
-	case errors.Is(err, dedup.ErrFenced):
-		w.log.Warn("partition fenced: another instance owns it now; stopping work on it", zap.Error(err))
-	default:
-		w.haltMu.Lock()
-		w.parked = true
-		w.haltMu.Unlock()
-		w.setHalt(err)
+	// Halted either way: a fence is normally followed at once by the
+	// partition's revocation (which clears it), and one that is not must
+	// show, not stall silently.
+	w.haltMu.Lock()
+	w.parked = true
+	w.haltMu.Unlock()
+	w.setHalt(err)
+	if errors.Is(err, dedup.ErrFenced) {
+		w.log.Warn("partition fenced: another instance owns it now; stopping work on it until it is revoked", zap.Error(err))
+	} else {
 		w.log.Error("partition halted", zap.Error(err))
 	}
 	w.mu.Lock()
 	w.closing = true
 	w.queue = nil
 	w.mu.Unlock()
-	w.pl.client.PauseFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
+	w.pl.roomMaybe()
 }
 
 // process decides one polled run of records and queues the resulting jobs.
