@@ -102,7 +102,7 @@ type Pipeline struct {
 
 	mu      sync.Mutex
 	workers map[string]map[int32]*worker
-	started bool // consuming (the group has been joined at least once)
+	started bool // the group has been joined at least once
 	stopped bool
 	// room is signalled when a worker's queue may have dropped below
 	// max_in_flight: the poll loop waits on it while a worker is full.
@@ -174,6 +174,7 @@ func (p *Pipeline) clientOptions() []kgo.Opt {
 		// A committed offset that fell below the log start resumes at the
 		// log start: every record that still exists is decided.
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.OnPartitionsAssigned(p.onJoined),
 		kgo.AdjustFetchOffsetsFn(p.onAssigned),
 		kgo.OnPartitionsRevoked(p.onRevoked),
 		kgo.OnPartitionsLost(p.onLost),
@@ -324,6 +325,15 @@ func (p *Pipeline) worker(topic string, part int32) *worker {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.workers[topic][part]
+}
+
+// onJoined marks the group joined. franz-go calls it after every join, even
+// with nothing assigned: an instance with no partition (more replicas than
+// partitions) is a ready standby.
+func (p *Pipeline) onJoined(context.Context, *kgo.Client, map[string][]int32) {
+	p.mu.Lock()
+	p.started = true
+	p.mu.Unlock()
 }
 
 // onAssigned is recovery (DESIGN §2) for newly assigned partitions: it
@@ -511,7 +521,8 @@ func (p *Pipeline) backoff() *backoff.ExponentialBackOff {
 }
 
 // Ready reports whether the pipeline is making progress: it has joined the
-// group and no partition is paused by an outage or halted on bad input. The
+// group (with or without partitions), a broker answers, and no partition is
+// paused by an outage or halted on bad input. The
 // error (wrapping ErrNotReady) says why not.
 func (p *Pipeline) Ready() error {
 	p.mu.Lock()
@@ -520,7 +531,7 @@ func (p *Pipeline) Ready() error {
 		return fmt.Errorf("%w: shutting down", ErrNotReady)
 	}
 	if !p.started {
-		return fmt.Errorf("%w: no partition assigned yet", ErrNotReady)
+		return fmt.Errorf("%w: consumer group not joined yet", ErrNotReady)
 	}
 	if p.brokerErr != nil {
 		return fmt.Errorf("%w: kafka unreachable: %v", ErrNotReady, p.brokerErr)

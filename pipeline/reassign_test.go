@@ -60,3 +60,25 @@ func TestPartitionsComeBackAfterPause(t *testing.T) {
 		t.Errorf("forwarded %d records, want at least %d (every record is a change)", len(out), len(in))
 	}
 }
+
+// TestStandbyIsReady: with more instances than partitions, the one without
+// a partition is a ready standby, not a pod that never becomes ready.
+func TestStandbyIsReady(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	dsn := pgtest.DSN(t)
+	cfg := testConfig(t, kc, dsn, route("svc", "in", "out"))
+	a := start(t, cfg, openStore(t, dsn))
+	waitFor(t, "A ready", func() (bool, string) {
+		err := a.pl.Ready()
+		return err == nil, fmt.Sprint(err)
+	})
+	b := start(t, cfg, openStore(t, dsn))
+	waitFor(t, "B (no partition) ready", func() (bool, string) {
+		err := b.pl.Ready()
+		return err == nil, fmt.Sprint(err)
+	})
+	if a.gauge("dam_partitions_assigned", "svc")+b.gauge("dam_partitions_assigned", "svc") != 1 {
+		t.Errorf("the one partition is not owned exactly once")
+	}
+}
