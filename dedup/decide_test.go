@@ -375,3 +375,37 @@ func TestOpenSessionSettings(t *testing.T) {
 			stmt, lock, idle, app, path)
 	}
 }
+
+// TestPruneStateChunks prunes more rows than one step holds, across
+// services, with the empty identity among them: the keyset walk must visit
+// every row exactly once, keep the fresh ones and count what it deleted.
+func TestPruneStateChunks(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	// 25,001 rows of service "p" (every other one old, the empty identity
+	// old too) and 3 rows of each of "o" and "q" (all old).
+	_, err := s.Pool().Exec(ctx, `INSERT INTO state (service, entity, digest, updated_at)
+		SELECT 'p', int4send(i), '\x01'::bytea, CASE WHEN i % 2 = 0 THEN now() - interval '2 hours' ELSE now() END
+		FROM generate_series(1, 25000) i
+		UNION ALL SELECT 'p', ''::bytea, '\x01'::bytea, now() - interval '2 hours'
+		UNION ALL SELECT svc, int4send(i), '\x01'::bytea, now() - interval '2 hours'
+		FROM unnest(ARRAY['o', 'q']) svc, generate_series(1, 3) i`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.PruneState(ctx, "p", time.Hour); err != nil || n != 12501 {
+		t.Fatalf("PruneState(p): %d, %v; want 12501", n, err)
+	}
+	var left int
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM state WHERE service = 'p' AND updated_at < now() - interval '1 hour'`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("old rows of p left: %d, %v", left, err)
+	}
+	if n, err := s.PruneState(ctx, "", time.Hour); err != nil || n != 6 {
+		t.Fatalf("PruneState(all): %d, %v; want 6", n, err)
+	}
+	stats, err := s.Stats(ctx)
+	if err != nil || len(stats) != 1 || stats[0].Service != "p" || stats[0].Rows != 12500 {
+		t.Fatalf("after prune: %+v, %v", stats, err)
+	}
+}

@@ -72,33 +72,58 @@ func (s *Store) Reset(ctx context.Context, service string, entities ...[]byte) (
 	return n, classify("reset", err)
 }
 
-// pruneBatch bounds each delete so pruning never holds many locks or one
-// long transaction.
+// pruneBatch bounds each step of PruneState, so pruning never holds many
+// locks or one long transaction.
 const pruneBatch = 10000
+
+// The steps of PruneState walk the primary key in chunks (keyset
+// pagination: one pass over the rows, whatever their age) and delete the
+// chunk's rows older than the cutoff. There is no index on updated_at: it
+// would cost every decided record an index insertion (no HOT update).
+// Rows locked by a Decide in progress are skipped: they are being written
+// now, so they are not old.
+const (
+	sqlPruneChunk = `WITH chunk AS (
+			SELECT service, entity FROM state WHERE %s ORDER BY service, entity LIMIT $3),
+		doomed AS (
+			SELECT s.service, s.entity FROM state s JOIN chunk c ON s.service = c.service AND s.entity = c.entity
+			WHERE s.updated_at < now() - make_interval(secs => $4) FOR UPDATE OF s SKIP LOCKED),
+		gone AS (
+			DELETE FROM state s USING doomed d WHERE s.service = d.service AND s.entity = d.entity RETURNING 1)
+		SELECT (SELECT count(*) FROM gone), service, entity FROM chunk ORDER BY service DESC, entity DESC LIMIT 1`
+	pruneFirstService = `service = $1 AND entity >= $2`
+	pruneNextService  = `service = $1 AND entity > $2`
+	pruneFirstAll     = `service >= $1 AND $2::bytea IS NOT NULL`
+	pruneNextAll      = `(service, entity) > ($1, $2)`
+)
 
 // PruneState deletes the state of identities (of service, or of every
 // service when service is "") whose digest has not changed for olderThan,
-// in batches, and returns how many it deleted. A pruned identity's next
-// record is forwarded. Rows locked by a running Decide are skipped.
+// in steps of at most pruneBatch rows each, and returns how many it
+// deleted. The next record of a pruned identity is forwarded.
 func (s *Store) PruneState(ctx context.Context, service string, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
 		return 0, fmt.Errorf("%w: negative age %v", ErrInvalid, olderThan)
 	}
+	first, next := pruneFirstService, pruneNextService
+	if service == "" {
+		first, next = pruneFirstAll, pruneNextAll
+	}
 	var total int64
+	cond := first
+	lastService, lastEntity := service, []byte{}
 	for {
-		n, err := s.exec(ctx, `WITH doomed AS (
-				SELECT service, entity FROM state
-				WHERE ($1 = '' OR service = $1) AND updated_at < now() - make_interval(secs => $2)
-				LIMIT $3 FOR UPDATE SKIP LOCKED)
-			DELETE FROM state s USING doomed d WHERE s.service = d.service AND s.entity = d.entity`,
-			service, olderThan.Seconds(), pruneBatch)
-		total += n
+		var n int64
+		err := s.pool.QueryRow(ctx, fmt.Sprintf(sqlPruneChunk, cond),
+			lastService, lastEntity, pruneBatch, olderThan.Seconds()).Scan(&n, &lastService, &lastEntity)
+		if errors.Is(err, pgx.ErrNoRows) { // past the last row
+			return total, nil
+		}
 		if err != nil {
 			return total, classify("prune state", err)
 		}
-		if n < pruneBatch {
-			return total, nil
-		}
+		total += n
+		cond = next
 	}
 }
 
