@@ -55,6 +55,7 @@ func namePrefix(buf []byte, key, end int) uint64 {
 type frame struct {
 	obj        bool
 	ignoreElem bool   // arrays: the current element is ignored
+	ignored    bool   // objects: some member is ignored
 	body       int32  // buffer offset after the 'a' or 'o' tag
 	mstart     int32  // objects: index of the first member in state.members
 	elem       int32  // arrays: buffer offset of the current element
@@ -69,7 +70,7 @@ type state struct {
 	out      []byte // the final encoding: buf, or tmp when the top object was reordered
 	stack    []frame
 	members  []member
-	shapes   [8]shape // recent object shapes, by member count and first name byte
+	shapes   [16]shape // recent object shapes, by member count and first name byte
 }
 
 // maxShape is the largest object whose member order is cached.
@@ -141,34 +142,6 @@ func appendRaw(buf, in []byte, i, j int) []byte {
 
 func appendLong(buf []byte, tag byte, v []byte) []byte {
 	return append(append(buf, tag, byte(len(v))), v...)
-}
-
-// appendSpan appends src[from:to] to dst. Spans up to 64 bytes are moved
-// in 8-byte words through spare capacity (reading and writing up to 7
-// bytes past the span, never past a capacity) instead of a memmove call.
-func appendSpan(dst, src []byte, from, to int) []byte {
-	l, d := to-from, len(dst)
-	if l <= 64 && cap(dst)-d >= l+8 && to+8 <= cap(src) {
-		src = src[:cap(src)]
-		w := dst[d:cap(dst)]
-		for k := 0; k < l; k += 8 {
-			binary.LittleEndian.PutUint64(w[k:], binary.LittleEndian.Uint64(src[from+k:]))
-		}
-		return dst[:d+l]
-	}
-	return append(dst, src[from:to]...)
-}
-
-// scanString returns the index of the first byte at or after i that is
-// not strSafe, testing the first 8 bytes inline (most strings are short).
-func scanString(in []byte, i int) int {
-	if i+8 <= len(in) {
-		if t := special(binary.LittleEndian.Uint64(in[i:])); t != 0 {
-			return i + bits.TrailingZeros64(t)>>3
-		}
-		return scanSafe(in, i+8)
-	}
-	return scanSafe(in, i)
 }
 
 // scanSafe returns the index of the first byte at or after j that is not
@@ -277,20 +250,10 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 					goto named
 				}
 			}
-			j = scanString(in, i)
-			if j < n && in[j] == '"' && j-i < 0x80 {
-				k = len(buf) + 2
-				buf = appendShort(buf, 's', in, i, j)
-				// Read the prefix from the input, not from the bytes just
-				// copied (a wide load of fresh narrow stores stalls).
-				prefix = namePrefix(in, i, j)
-				j++
-			} else {
-				if buf, j, k, err = strSlow(buf, in, pos, j); err != nil {
-					goto fail
-				}
-				prefix = namePrefix(buf, k, len(buf))
+			if buf, j, k, err = str(buf, in, pos); err != nil {
+				goto fail
 			}
+			prefix = namePrefix(buf, k, len(buf))
 		named:
 			// Fill the member in place: building it on the stack and
 			// copying it costs a store-forwarding stall.
@@ -308,6 +271,7 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 			active = 0
 			if f := &stack[len(stack)-1]; f.active != 0 {
 				active, m.ignored = h.matchName(f.active, len(stack)-1, buf[k:])
+				f.ignored = f.ignored || m.ignored
 			}
 			st = stValue
 			continue
@@ -343,11 +307,7 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 						}
 					}
 				}
-				j := scanString(in, i)
-				if j < n && in[j] == '"' && j-i < 0x80 {
-					buf = appendShort(buf, 's', in, i, j)
-					pos = j + 1
-				} else if buf, pos, _, err = strSlow(buf, in, pos, j); err != nil {
+				if buf, pos, _, err = str(buf, in, pos); err != nil {
 					goto fail
 				}
 			case '1', '2', '3', '4', '5', '6', '7', '8', '9':
@@ -462,7 +422,7 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 				}
 				if pos < n && in[pos] == '}' {
 					ms := members[f.mstart:]
-					if buf, err = s.closeObject(buf, ms, int(f.body), len(stack) == 1); err != nil {
+					if buf, err = s.closeObject(buf, ms, int(f.body), len(stack) == 1, f.ignored); err != nil {
 						goto fail
 					}
 					members = members[:f.mstart]
@@ -535,12 +495,13 @@ func (h *Hasher) matchIndex(active uint64, d, idx int) (uint64, bool) {
 }
 
 // closeObject sorts an object's members (ms) by name, rejects equal names,
-// drops ignored members and ends the object. The top-level object is
-// reordered into s.tmp only, which then is the final encoding: no copy back.
-func (s *state) closeObject(buf []byte, ms []member, body int, top bool) ([]byte, error) {
+// drops ignored members (ignored: there are some) and ends the object. The
+// top-level object is reordered into s.tmp only, which then is the final
+// encoding: no copy back.
+func (s *state) closeObject(buf []byte, ms []member, body int, top, ignored bool) ([]byte, error) {
 	n := len(ms)
 	if n < 2 {
-		if n == 1 && ms[0].ignored {
+		if n == 1 && ignored {
 			buf = buf[:body]
 		}
 		return append(buf, '}'), nil
@@ -549,7 +510,7 @@ func (s *state) closeObject(buf []byte, ms []member, body int, top bool) ([]byte
 	if n <= maxShape {
 		// Slot by size and first name byte, so that small objects of
 		// different shapes (coordinates, money) do not evict each other.
-		sh = &s.shapes[(n+int(ms[0].prefix>>56))&7]
+		sh = &s.shapes[shapeSlot(n, ms[0].prefix)]
 		if sh.n == n && sh.prefixes[0] == ms[0].prefix {
 			hit := true
 			for i := 1; i < n; i++ {
@@ -559,18 +520,21 @@ func (s *state) closeObject(buf []byte, ms []member, body int, top bool) ([]byte
 				}
 			}
 			if hit {
-				return s.reorder(buf, ms, sh.perm[:n], body, top, sh.sorted), nil
+				if sh.sorted && !ignored {
+					return append(buf, '}'), nil
+				}
+				return s.reorder(buf, ms, sh.perm[:n], body, top, ignored), nil
 			}
 		}
 	}
-	sorted, ignored := true, false
-	for i := range ms {
-		ignored = ignored || ms[i].ignored
-		if i > 0 && sorted && !less(buf, &ms[i-1], &ms[i]) {
+	sorted := true
+	for i := 1; i < len(ms); i++ {
+		if !less(buf, &ms[i-1], &ms[i]) {
 			if sameName(buf, &ms[i-1], &ms[i]) {
 				return buf, dupErr(buf, ms[i-1], ms[i])
 			}
 			sorted = false
+			break
 		}
 	}
 	if !sorted {
@@ -603,31 +567,42 @@ func (s *state) closeObject(buf []byte, ms []member, body int, top bool) ([]byte
 	if sh != nil {
 		s.remember(sh, ms, sorted)
 	}
-	switch {
-	case top && (!sorted || ignored):
-		s.tmp = append(s.tmp[:0], buf[:body]...)
-		for i := range ms {
-			if !ms[i].ignored {
-				s.tmp = appendSpan(s.tmp, buf, int(ms[i].start), int(ms[i].end))
-			}
-		}
-		s.tmp = append(s.tmp, '}')
-		s.out = s.tmp
-	case !sorted || ignored:
-		tmp := s.tmp[:0]
-		for i := range ms {
-			if !ms[i].ignored {
-				tmp = appendSpan(tmp, buf, int(ms[i].start), int(ms[i].end))
-			}
-		}
-		s.tmp = tmp
-		buf = append(buf[:body], tmp...)
+	if sorted && !ignored {
+		return append(buf, '}'), nil
 	}
-	return append(buf, '}'), nil
+	tmp := s.tmp[:0]
+	if top {
+		tmp = append(tmp, buf[:body]...)
+	}
+	for i := range ms {
+		if m := &ms[i]; !ignored || !m.ignored {
+			tmp = append(tmp, buf[m.start:m.end]...)
+		}
+	}
+	return s.finish(buf, tmp, body, top), nil
+}
+
+// shapeSlot picks the shape cache slot of an object of n members whose
+// first member (in input order) has the name prefix p.
+func shapeSlot(n int, p uint64) int {
+	return (n*31 + int(p>>56)) & (len(state{}.shapes) - 1)
+}
+
+// finish ends an object whose members were reordered into tmp: the
+// top-level object stays in s.tmp (the final encoding), others are copied
+// back into buf.
+func (s *state) finish(buf, tmp []byte, body int, top bool) []byte {
+	if top {
+		tmp = append(tmp, '}')
+		s.tmp, s.out = tmp, tmp
+		return append(buf, '}')
+	}
+	s.tmp = tmp
+	return append(append(buf[:body], tmp...), '}')
 }
 
 // remember caches the order of ms (now sorted; its input order is
-// recovered from the prefixes) if the prefixes are pairwise distinct.
+// recovered from the buffer offsets) if the prefixes are pairwise distinct.
 func (s *state) remember(sh *shape, ms []member, sorted bool) {
 	sh.n = 0
 	for i := 1; i < len(ms); i++ {
@@ -659,40 +634,111 @@ func (s *state) remember(sh *shape, ms []member, sorted bool) {
 
 // reorder writes the members of an object in the order perm (indexes
 // into ms), dropping ignored ones, and ends the object.
-func (s *state) reorder(buf []byte, ms []member, perm []uint8, body int, top, sorted bool) []byte {
-	ignored := false
-	for i := range ms {
-		ignored = ignored || ms[i].ignored
-	}
-	if sorted && !ignored {
-		return append(buf, '}')
-	}
+func (s *state) reorder(buf []byte, ms []member, perm []uint8, body int, top, ignored bool) []byte {
 	tmp := s.tmp[:0]
 	if top {
 		tmp = append(tmp, buf[:body]...)
 	}
 	for _, k := range perm {
-		if m := &ms[k]; !m.ignored {
-			tmp = appendSpan(tmp, buf, int(m.start), int(m.end))
+		if m := &ms[k]; !ignored || !m.ignored {
+			tmp = append(tmp, buf[m.start:m.end]...)
 		}
 	}
-	if top {
-		tmp = append(tmp, '}')
-		s.tmp, s.out = tmp, tmp
-		return append(buf, '}')
-	}
-	s.tmp = tmp
-	return append(append(buf[:body], tmp...), '}')
+	return s.finish(buf, tmp, body, top)
 }
 
 func dupErr(buf []byte, a, b member) error {
 	return &Error{Offset: int(max(a.in, b.in)), Err: ErrDuplicateMember, Detail: strconv.Quote(string(buf[a.key:a.keyEnd]))}
 }
 
-// strSlow appends the string whose opening quote is at pos, when the fast
-// path (plain ASCII shorter than 128 bytes) does not apply; j is the first
-// byte that needs work. It returns the position after the closing quote
-// and the buffer offset of the decoded bytes.
+// term flags (high bit per byte) the bytes of w that end a run of string
+// bytes needing no work: '"', '\\' and control characters. Bytes >= 0x80
+// are not flagged (they are validated per run). As in special, the lowest
+// flagged byte is exact.
+func term(w uint64) uint64 {
+	q := w ^ ('"' * lsb)
+	b := w ^ ('\\' * lsb)
+	return ((w - 0x20*lsb) | (q - lsb) | (b - lsb)) &^ w & msb
+}
+
+// scanTerm returns the index of the first byte at or after i that is '"',
+// '\\' or a control character (or len(in)), and whether a byte >= 0x80
+// comes before it.
+func scanTerm(in []byte, i int) (int, bool) {
+	var hi uint64
+	for i+8 <= len(in) {
+		w := binary.LittleEndian.Uint64(in[i:])
+		if t := term(w); t != 0 {
+			hi |= w & (t&-t - 1)
+			return i + bits.TrailingZeros64(t)>>3, hi&msb != 0
+		}
+		hi |= w
+		i += 8
+	}
+	for ; i < len(in); i++ {
+		c := in[i]
+		if c == '"' || c == '\\' || c < 0x20 {
+			break
+		}
+		hi |= uint64(c)
+	}
+	return i, hi&msb != 0
+}
+
+// str appends the string whose opening quote is at pos. It returns the
+// position after the closing quote and the buffer offset of the decoded
+// bytes. Runs between escapes are validated as a whole (utf8.Valid, only
+// when they hold non-ASCII bytes) and copied at once. On any error the
+// string is decoded again by strSlow, which finds the exact error.
+func str(buf, in []byte, pos int) ([]byte, int, int, error) {
+	n := len(in)
+	i := pos + 1
+	j, hi := scanTerm(in, i)
+	if j < n && in[j] == '"' && (!hi || utf8.Valid(in[i:j])) {
+		if l := j - i; l < 0x80 {
+			buf = append(buf, 's', byte(l))
+		} else {
+			buf = binary.AppendUvarint(append(buf, 's'), uint64(l))
+		}
+		k := len(buf)
+		return append(buf, in[i:j]...), j + 1, k, nil
+	}
+	start := len(buf)
+	// Reserve one length byte, decode, then fix the length.
+	buf = append(buf, 's', 0)
+	lenAt := len(buf) - 1
+	k := len(buf)
+	for j < n && in[j] == '\\' && (!hi || utf8.Valid(in[i:j])) {
+		buf = append(buf, in[i:j]...)
+		var err error
+		if buf, i, err = escape(buf, in, j); err != nil {
+			break
+		}
+		j, hi = scanTerm(in, i)
+		if j < n && in[j] == '"' && (!hi || utf8.Valid(in[i:j])) {
+			buf = append(buf, in[i:j]...)
+			j++
+			l := len(buf) - k
+			if l < 0x80 {
+				buf[lenAt] = byte(l)
+				return buf, j, k, nil
+			}
+			var tmp [binary.MaxVarintLen64]byte
+			w := binary.PutUvarint(tmp[:], uint64(l))
+			buf = append(buf, tmp[:w-1]...)
+			copy(buf[lenAt+w:], buf[k:k+l])
+			copy(buf[lenAt:], tmp[:w])
+			return buf, j, lenAt + w, nil
+		}
+	}
+	return strSlow(buf[:start], in, pos, pos+1)
+}
+
+// strSlow appends the string whose opening quote is at pos, decoding byte
+// by byte from j (bytes before j need no work). It is the reference
+// decoder: str calls it for invalid strings, so that errors name exactly
+// the first bad byte. It returns the position after the closing quote and
+// the buffer offset of the decoded bytes.
 func strSlow(buf, in []byte, pos, j int) ([]byte, int, int, error) {
 	n := len(in)
 	// Reserve one length byte, decode, then fix the length.
