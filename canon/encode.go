@@ -184,16 +184,14 @@ func unexpected(in []byte, pos int, want string) error {
 	return syntaxErr(pos, "unexpected "+what+", expected "+want)
 }
 
-// Parser states.
-const (
-	stValue = iota // a value starts
-	stName         // a member name starts (after '{' or ',')
-	stAfter        // a value ended
-)
-
 // encode parses in and leaves its canonical encoding in s.out. It never
 // recurses: nesting lives in an explicit stack, bounded by h.maxDepth. The
 // hot slices live in locals (registers), stored back on return.
+//
+// Control moves with goto between name (a member name starts, after '{'
+// or ','), value (a value starts) and after (a value ended). The members
+// of an object whose values are scalars are parsed in a tight loop under
+// name, which leaves it for other values and at the end of the object.
 func (s *state) encode(h *Hasher, in []byte) (err error) {
 	buf, stack, members := s.buf[:0], s.stack[:0], s.members[:0]
 	// Spare capacity lets appendShort copy without calls; the encoding of
@@ -206,255 +204,346 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 	n := len(in)
 	pos := 0
 	active := h.all // ignore pointers that may apply inside the next value
-	st := stValue
+	goto value
+
+name:
 	for {
 		for pos < n && in[pos] <= ' ' && isWS(in[pos]) {
 			pos++
 		}
-		switch st {
-		case stName:
-			if pos >= n || in[pos] != '"' {
-				err = unexpected(in, pos, "a member name")
-				goto fail
+		if pos >= n || in[pos] != '"' {
+			err = unexpected(in, pos, "a member name")
+			goto fail
+		}
+		start := len(buf)
+		i := pos + 1
+		var j, k int
+		var prefix uint64
+		// Fast path, no calls: a plain ASCII name of up to 15 bytes
+		// is tested and copied as two 8-byte words.
+		if l := len(buf); i+16 <= n && cap(buf)-l >= 18 {
+			w0 := binary.LittleEndian.Uint64(in[i:])
+			w1 := binary.LittleEndian.Uint64(in[i+8:])
+			t := special(w0)
+			if t == 0 {
+				t = special(w1)
+				if t != 0 {
+					j = i + 8 + bits.TrailingZeros64(t)>>3
+				}
+			} else {
+				j = i + bits.TrailingZeros64(t)>>3
 			}
-			start := len(buf)
+			if t != 0 && in[j] == '"' {
+				b := buf[l : l+18]
+				binary.LittleEndian.PutUint16(b, uint16('s')|uint16(j-i)<<8)
+				binary.LittleEndian.PutUint64(b[2:], w0)
+				binary.LittleEndian.PutUint64(b[10:], w1)
+				buf = buf[:l+2+j-i]
+				k = l + 2
+				prefix = bits.ReverseBytes64(w0)
+				if j-i < 8 {
+					prefix &^= ^uint64(0) >> (8 * uint(j-i))
+				}
+				j++
+				goto named
+			}
+		}
+		if buf, j, k, err = str(buf, in, pos); err != nil {
+			goto fail
+		}
+		prefix = namePrefix(buf, k, len(buf))
+	named:
+		// Fill the member in place: building it on the stack and
+		// copying it costs a store-forwarding stall.
+		members = append(members, member{})
+		m := &members[len(members)-1]
+		m.prefix, m.start, m.key, m.keyEnd, m.in = prefix, int32(start), int32(k), int32(len(buf)), int32(pos)
+		for j < n && isWS(in[j]) {
+			j++
+		}
+		if j >= n || in[j] != ':' {
+			err = unexpected(in, j, "':'")
+			goto fail
+		}
+		pos = j + 1
+		active = 0
+		if f := &stack[len(stack)-1]; f.active != 0 {
+			active, m.ignored = h.matchName(f.active, len(stack)-1, buf[k:])
+			f.ignored = f.ignored || m.ignored
+		}
+		// Scalar values are parsed here, others under value.
+		for pos < n && in[pos] <= ' ' && isWS(in[pos]) {
+			pos++
+		}
+		if pos >= n {
+			goto value
+		}
+		switch in[pos] {
+		case '"':
 			i := pos + 1
-			var j, k int
-			var prefix uint64
-			// Fast path, no calls: a plain ASCII name of up to 15 bytes
-			// is tested and copied as two 8-byte words.
+			// Fast path, no calls: plain ASCII of up to 15 bytes.
 			if l := len(buf); i+16 <= n && cap(buf)-l >= 18 {
 				w0 := binary.LittleEndian.Uint64(in[i:])
 				w1 := binary.LittleEndian.Uint64(in[i+8:])
-				t := special(w0)
-				if t == 0 {
-					t = special(w1)
-					if t != 0 {
-						j = i + 8 + bits.TrailingZeros64(t)>>3
-					}
-				} else {
-					j = i + bits.TrailingZeros64(t)>>3
+				j := i
+				if t := special(w0); t != 0 {
+					j += bits.TrailingZeros64(t) >> 3
+				} else if t := special(w1); t != 0 {
+					j += 8 + bits.TrailingZeros64(t)>>3
 				}
-				if t != 0 && in[j] == '"' {
+				if j > i || in[i] == '"' {
+					if in[j] == '"' {
+						b := buf[l : l+18]
+						binary.LittleEndian.PutUint16(b, uint16('s')|uint16(j-i)<<8)
+						binary.LittleEndian.PutUint64(b[2:], w0)
+						binary.LittleEndian.PutUint64(b[10:], w1)
+						buf = buf[:l+2+j-i]
+						pos = j + 1
+						break
+					}
+				}
+			}
+			if buf, pos, _, err = str(buf, in, pos); err != nil {
+				goto fail
+			}
+		case '1', '2', '3', '4', '5', '6', '7', '8', '9':
+			// Fast path: an integer or a plain decimal, inline.
+			i := pos + 1
+			for i < n && isDigit(in[i]) {
+				i++
+			}
+			if i < n && in[i] == '.' && i+1 < n && isDigit(in[i+1]) {
+				for i += 2; i < n && isDigit(in[i]); i++ {
+				}
+			}
+			if i < n && (in[i]|0x20 == 'e' || in[i] == '.') || i-pos >= 0x80 {
+				if buf, pos, err = number(buf, in, pos); err != nil {
+					goto fail
+				}
+				break
+			}
+			if l := len(buf); i-pos <= 16 && pos+16 <= n && cap(buf)-l >= 18 {
+				b := buf[l : l+18]
+				binary.LittleEndian.PutUint16(b, uint16('d')|uint16(i-pos)<<8)
+				binary.LittleEndian.PutUint64(b[2:], binary.LittleEndian.Uint64(in[pos:]))
+				binary.LittleEndian.PutUint64(b[10:], binary.LittleEndian.Uint64(in[pos+8:]))
+				buf = buf[:l+2+i-pos]
+			} else {
+				buf = appendShort(buf, 'd', in, pos, i)
+			}
+			pos = i
+		case 't':
+			if n-pos < 4 || string(in[pos:pos+4]) != "true" {
+				goto value
+			}
+			buf = append(buf, 't')
+			pos += 4
+		case 'f':
+			if n-pos < 5 || string(in[pos:pos+5]) != "false" {
+				goto value
+			}
+			buf = append(buf, 'f')
+			pos += 5
+		case 'n':
+			if n-pos < 4 || string(in[pos:pos+4]) != "null" {
+				goto value
+			}
+			buf = append(buf, 'n')
+			pos += 4
+		default:
+			goto value
+		}
+		members[len(members)-1].end = int32(len(buf))
+		for pos < n && in[pos] <= ' ' && isWS(in[pos]) {
+			pos++
+		}
+		if pos < n && in[pos] == ',' {
+			pos++
+			continue
+		}
+		goto after
+	}
+
+value:
+	for pos < n && in[pos] <= ' ' && isWS(in[pos]) {
+		pos++
+	}
+	if pos >= n {
+		err = unexpected(in, pos, "a value")
+		goto fail
+	}
+	switch c := in[pos]; c {
+	case '"':
+		i := pos + 1
+		// Fast path, no calls: plain ASCII of up to 15 bytes.
+		if l := len(buf); i+16 <= n && cap(buf)-l >= 18 {
+			w0 := binary.LittleEndian.Uint64(in[i:])
+			w1 := binary.LittleEndian.Uint64(in[i+8:])
+			j := i
+			if t := special(w0); t != 0 {
+				j += bits.TrailingZeros64(t) >> 3
+			} else if t := special(w1); t != 0 {
+				j += 8 + bits.TrailingZeros64(t)>>3
+			}
+			if j > i || in[i] == '"' {
+				if in[j] == '"' {
 					b := buf[l : l+18]
 					binary.LittleEndian.PutUint16(b, uint16('s')|uint16(j-i)<<8)
 					binary.LittleEndian.PutUint64(b[2:], w0)
 					binary.LittleEndian.PutUint64(b[10:], w1)
 					buf = buf[:l+2+j-i]
-					k = l + 2
-					prefix = bits.ReverseBytes64(w0)
-					if j-i < 8 {
-						prefix &^= ^uint64(0) >> (8 * uint(j-i))
-					}
-					j++
-					goto named
-				}
-			}
-			if buf, j, k, err = str(buf, in, pos); err != nil {
-				goto fail
-			}
-			prefix = namePrefix(buf, k, len(buf))
-		named:
-			// Fill the member in place: building it on the stack and
-			// copying it costs a store-forwarding stall.
-			members = append(members, member{})
-			m := &members[len(members)-1]
-			m.prefix, m.start, m.key, m.keyEnd, m.in = prefix, int32(start), int32(k), int32(len(buf)), int32(pos)
-			for j < n && isWS(in[j]) {
-				j++
-			}
-			if j >= n || in[j] != ':' {
-				err = unexpected(in, j, "':'")
-				goto fail
-			}
-			pos = j + 1
-			active = 0
-			if f := &stack[len(stack)-1]; f.active != 0 {
-				active, m.ignored = h.matchName(f.active, len(stack)-1, buf[k:])
-				f.ignored = f.ignored || m.ignored
-			}
-			st = stValue
-			continue
-
-		case stValue:
-			if pos >= n {
-				err = unexpected(in, pos, "a value")
-				goto fail
-			}
-			st = stAfter
-			switch c := in[pos]; c {
-			case '"':
-				i := pos + 1
-				// Fast path, no calls: plain ASCII of up to 15 bytes.
-				if l := len(buf); i+16 <= n && cap(buf)-l >= 18 {
-					w0 := binary.LittleEndian.Uint64(in[i:])
-					w1 := binary.LittleEndian.Uint64(in[i+8:])
-					j := i
-					if t := special(w0); t != 0 {
-						j += bits.TrailingZeros64(t) >> 3
-					} else if t := special(w1); t != 0 {
-						j += 8 + bits.TrailingZeros64(t)>>3
-					}
-					if j > i || in[i] == '"' {
-						if in[j] == '"' {
-							b := buf[l : l+18]
-							binary.LittleEndian.PutUint16(b, uint16('s')|uint16(j-i)<<8)
-							binary.LittleEndian.PutUint64(b[2:], w0)
-							binary.LittleEndian.PutUint64(b[10:], w1)
-							buf = buf[:l+2+j-i]
-							pos = j + 1
-							break
-						}
-					}
-				}
-				if buf, pos, _, err = str(buf, in, pos); err != nil {
-					goto fail
-				}
-			case '1', '2', '3', '4', '5', '6', '7', '8', '9':
-				// Fast path: an integer or a plain decimal, inline.
-				i := pos + 1
-				for i < n && isDigit(in[i]) {
-					i++
-				}
-				if i < n && in[i] == '.' && i+1 < n && isDigit(in[i+1]) {
-					for i += 2; i < n && isDigit(in[i]); i++ {
-					}
-				}
-				if i < n && (in[i]|0x20 == 'e' || in[i] == '.') || i-pos >= 0x80 {
-					if buf, pos, err = number(buf, in, pos); err != nil {
-						goto fail
-					}
+					pos = j + 1
 					break
 				}
-				if l := len(buf); i-pos <= 16 && pos+16 <= n && cap(buf)-l >= 18 {
-					b := buf[l : l+18]
-					binary.LittleEndian.PutUint16(b, uint16('d')|uint16(i-pos)<<8)
-					binary.LittleEndian.PutUint64(b[2:], binary.LittleEndian.Uint64(in[pos:]))
-					binary.LittleEndian.PutUint64(b[10:], binary.LittleEndian.Uint64(in[pos+8:]))
-					buf = buf[:l+2+i-pos]
-				} else {
-					buf = appendShort(buf, 'd', in, pos, i)
-				}
-				pos = i
-			case '-', '0':
-				if buf, pos, err = number(buf, in, pos); err != nil {
-					goto fail
-				}
-			case '{', '[':
-				if len(stack) >= h.maxDepth {
-					err = &Error{Offset: pos, Err: ErrTooDeep, Detail: "limit " + strconv.Itoa(h.maxDepth)}
-					goto fail
-				}
+			}
+		}
+		if buf, pos, _, err = str(buf, in, pos); err != nil {
+			goto fail
+		}
+	case '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		// Fast path: an integer or a plain decimal, inline.
+		i := pos + 1
+		for i < n && isDigit(in[i]) {
+			i++
+		}
+		if i < n && in[i] == '.' && i+1 < n && isDigit(in[i+1]) {
+			for i += 2; i < n && isDigit(in[i]); i++ {
+			}
+		}
+		if i < n && (in[i]|0x20 == 'e' || in[i] == '.') || i-pos >= 0x80 {
+			if buf, pos, err = number(buf, in, pos); err != nil {
+				goto fail
+			}
+			break
+		}
+		if l := len(buf); i-pos <= 16 && pos+16 <= n && cap(buf)-l >= 18 {
+			b := buf[l : l+18]
+			binary.LittleEndian.PutUint16(b, uint16('d')|uint16(i-pos)<<8)
+			binary.LittleEndian.PutUint64(b[2:], binary.LittleEndian.Uint64(in[pos:]))
+			binary.LittleEndian.PutUint64(b[10:], binary.LittleEndian.Uint64(in[pos+8:]))
+			buf = buf[:l+2+i-pos]
+		} else {
+			buf = appendShort(buf, 'd', in, pos, i)
+		}
+		pos = i
+	case '-', '0':
+		if buf, pos, err = number(buf, in, pos); err != nil {
+			goto fail
+		}
+	case '{', '[':
+		if len(stack) >= h.maxDepth {
+			err = &Error{Offset: pos, Err: ErrTooDeep, Detail: "limit " + strconv.Itoa(h.maxDepth)}
+			goto fail
+		}
+		pos++
+		for pos < n && isWS(in[pos]) {
+			pos++
+		}
+		if c == '{' {
+			if pos < n && in[pos] == '}' {
+				buf = append(buf, 'o', '}')
 				pos++
-				for pos < n && isWS(in[pos]) {
-					pos++
-				}
-				if c == '{' {
-					if pos < n && in[pos] == '}' {
-						buf = append(buf, 'o', '}')
-						pos++
-						break
-					}
-					buf = append(buf, 'o')
-					stack = append(stack, frame{obj: true, body: int32(len(buf)), mstart: int32(len(members)), active: active})
-					st = stName
-					break
-				}
-				if pos < n && in[pos] == ']' {
-					buf = append(buf, 'a', ']')
-					pos++
-					break
-				}
-				buf = append(buf, 'a')
-				f := frame{body: int32(len(buf)), elem: int32(len(buf)), active: active}
-				active = 0
-				if f.active != 0 {
-					active, f.ignoreElem = h.matchIndex(f.active, len(stack), 0)
-				}
-				stack = append(stack, f)
-				st = stValue
-			case 't':
-				if n-pos < 4 || string(in[pos:pos+4]) != "true" {
-					err = syntaxErr(pos, "invalid literal, expected true")
-					goto fail
-				}
-				buf = append(buf, 't')
-				pos += 4
-			case 'f':
-				if n-pos < 5 || string(in[pos:pos+5]) != "false" {
-					err = syntaxErr(pos, "invalid literal, expected false")
-					goto fail
-				}
-				buf = append(buf, 'f')
-				pos += 5
-			case 'n':
-				if n-pos < 4 || string(in[pos:pos+4]) != "null" {
-					err = syntaxErr(pos, "invalid literal, expected null")
-					goto fail
-				}
-				buf = append(buf, 'n')
-				pos += 4
-			default:
-				err = unexpected(in, pos, "a value")
-				goto fail
+				break
 			}
-			continue
+			buf = append(buf, 'o')
+			stack = append(stack, frame{obj: true, body: int32(len(buf)), mstart: int32(len(members)), active: active})
+			goto name
+		}
+		if pos < n && in[pos] == ']' {
+			buf = append(buf, 'a', ']')
+			pos++
+			break
+		}
+		buf = append(buf, 'a')
+		f := frame{body: int32(len(buf)), elem: int32(len(buf)), active: active}
+		active = 0
+		if f.active != 0 {
+			active, f.ignoreElem = h.matchIndex(f.active, len(stack), 0)
+		}
+		stack = append(stack, f)
+		goto value
+	case 't':
+		if n-pos < 4 || string(in[pos:pos+4]) != "true" {
+			err = syntaxErr(pos, "invalid literal, expected true")
+			goto fail
+		}
+		buf = append(buf, 't')
+		pos += 4
+	case 'f':
+		if n-pos < 5 || string(in[pos:pos+5]) != "false" {
+			err = syntaxErr(pos, "invalid literal, expected false")
+			goto fail
+		}
+		buf = append(buf, 'f')
+		pos += 5
+	case 'n':
+		if n-pos < 4 || string(in[pos:pos+4]) != "null" {
+			err = syntaxErr(pos, "invalid literal, expected null")
+			goto fail
+		}
+		buf = append(buf, 'n')
+		pos += 4
+	default:
+		err = unexpected(in, pos, "a value")
+		goto fail
+	}
 
-		default: // stAfter
-			if len(stack) == 0 {
-				if pos < n {
-					err = &Error{Offset: pos, Err: ErrTrailingData}
-					goto fail
-				}
-				if s.out == nil {
-					s.out = buf
-				}
-				s.buf, s.stack, s.members = buf, stack, members
-				return nil
-			}
-			f := &stack[len(stack)-1]
-			if f.obj {
-				members[len(members)-1].end = int32(len(buf))
-				if pos < n && in[pos] == ',' {
-					pos++
-					st = stName
-					continue
-				}
-				if pos < n && in[pos] == '}' {
-					ms := members[f.mstart:]
-					if buf, err = s.closeObject(buf, ms, int(f.body), len(stack) == 1, f.ignored); err != nil {
-						goto fail
-					}
-					members = members[:f.mstart]
-					stack = stack[:len(stack)-1]
-					pos++
-					continue
-				}
-				err = unexpected(in, pos, "',' or '}'")
+after:
+	for {
+		for pos < n && in[pos] <= ' ' && isWS(in[pos]) {
+			pos++
+		}
+		if len(stack) == 0 {
+			if pos < n {
+				err = &Error{Offset: pos, Err: ErrTrailingData}
 				goto fail
 			}
-			if f.ignoreElem {
-				buf = buf[:f.elem]
+			if s.out == nil {
+				s.out = buf
 			}
+			s.buf, s.stack, s.members = buf, stack, members
+			return nil
+		}
+		f := &stack[len(stack)-1]
+		if f.obj {
+			members[len(members)-1].end = int32(len(buf))
 			if pos < n && in[pos] == ',' {
-				f.index++
-				f.elem = int32(len(buf))
-				if f.active != 0 {
-					active, f.ignoreElem = h.matchIndex(f.active, len(stack)-1, int(f.index))
-				}
 				pos++
-				st = stValue
-				continue
+				goto name
 			}
-			if pos < n && in[pos] == ']' {
-				buf = append(buf, ']')
+			if pos < n && in[pos] == '}' {
+				ms := members[f.mstart:]
+				if buf, err = s.closeObject(buf, ms, int(f.body), len(stack) == 1, f.ignored); err != nil {
+					goto fail
+				}
+				members = members[:f.mstart]
 				stack = stack[:len(stack)-1]
 				pos++
 				continue
 			}
-			err = unexpected(in, pos, "',' or ']'")
+			err = unexpected(in, pos, "',' or '}'")
 			goto fail
 		}
+		if f.ignoreElem {
+			buf = buf[:f.elem]
+		}
+		if pos < n && in[pos] == ',' {
+			f.index++
+			f.elem = int32(len(buf))
+			if f.active != 0 {
+				active, f.ignoreElem = h.matchIndex(f.active, len(stack)-1, int(f.index))
+			}
+			pos++
+			goto value
+		}
+		if pos < n && in[pos] == ']' {
+			buf = append(buf, ']')
+			stack = stack[:len(stack)-1]
+			pos++
+			continue
+		}
+		err = unexpected(in, pos, "',' or ']'")
+		goto fail
 	}
 fail:
 	s.buf, s.stack, s.members = buf, stack, members
