@@ -546,7 +546,6 @@ after:
 		goto fail
 	}
 fail:
-	s.buf, s.stack, s.members = buf, stack, members
 	return err
 }
 
@@ -740,55 +739,58 @@ func dupErr(buf []byte, a, b member) error {
 	return &Error{Offset: int(max(a.in, b.in)), Err: ErrDuplicateMember, Detail: strconv.Quote(string(buf[a.key:a.keyEnd]))}
 }
 
-// term flags (high bit per byte) the bytes of w that end a run of string
-// bytes needing no work: '"', '\\' and control characters. Bytes >= 0x80
-// are not flagged (they are validated per run). As in special, the lowest
-// flagged byte is exact.
-func term(w uint64) uint64 {
-	q := w ^ ('"' * lsb)
-	b := w ^ ('\\' * lsb)
-	return ((w - 0x20*lsb) | (q - lsb) | (b - lsb)) &^ w & msb
-}
-
-// scanTerm returns the index of the first byte at or after i that is '"',
-// '\\' or a control character (or len(in)), and whether a byte >= 0x80
-// comes before it.
-func scanTerm(in []byte, i int) (int, bool) {
-	var hi uint64
-	for i+8 <= len(in) {
-		w := binary.LittleEndian.Uint64(in[i:])
-		if t := term(w); t != 0 {
-			hi |= w & (t&-t - 1)
-			return i + bits.TrailingZeros64(t)>>3, hi&msb != 0
+// scanRun returns the index of the first '"', '\\' or control byte at or
+// after i (or len(in)), validating the UTF-8 of the bytes before it: ok is
+// false if they are invalid. ASCII is skipped eight bytes at a time and
+// two-byte sequences (Latin text) are checked inline.
+func scanRun(in []byte, i int) (j int, ok bool) {
+	n := len(in)
+	for {
+		if i+8 <= n {
+			t := special(binary.LittleEndian.Uint64(in[i:]))
+			if t == 0 {
+				i += 8
+				continue
+			}
+			i += bits.TrailingZeros64(t) >> 3
+		} else {
+			for i < n && strSafe[in[i]] {
+				i++
+			}
+			if i >= n {
+				return i, true
+			}
 		}
-		hi |= w
-		i += 8
-	}
-	for ; i < len(in); i++ {
 		c := in[i]
-		if c == '"' || c == '\\' || c < 0x20 {
-			break
+		if c < 0x80 {
+			return i, true
 		}
-		hi |= uint64(c)
+		if c >= 0xC2 && c < 0xE0 && i+1 < n && in[i+1]&0xC0 == 0x80 {
+			i += 2
+			continue
+		}
+		r, size := utf8.DecodeRune(in[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i, false
+		}
+		i += size
 	}
-	return i, hi&msb != 0
 }
 
 // str appends the string whose opening quote is at pos. It returns the
 // position after the closing quote and the buffer offset of the decoded
-// bytes. Runs between escapes are validated as a whole (utf8.Valid, only
-// when they hold non-ASCII bytes) and copied at once. On any error the
-// string is decoded again by strSlow, which finds the exact error.
+// bytes. Runs between escapes are validated while they are scanned and
+// copied at once. On any error the string is decoded again by strSlow,
+// which finds the exact error.
 func str(buf, in []byte, pos int) ([]byte, int, int, error) {
 	n := len(in)
 	i := pos + 1
-	j, hi := scanTerm(in, i)
-	if j < n && in[j] == '"' && (!hi || utf8.Valid(in[i:j])) {
-		if l := j - i; l < 0x80 {
-			buf = append(buf, 's', byte(l))
-		} else {
-			buf = binary.AppendUvarint(append(buf, 's'), uint64(l))
+	j, ok := scanRun(in, i)
+	if ok && j < n && in[j] == '"' {
+		if j-i < 0x80 {
+			return appendShort(buf, 's', in, i, j), j + 1, len(buf) + 2, nil
 		}
+		buf = binary.AppendUvarint(append(buf, 's'), uint64(j-i))
 		k := len(buf)
 		return append(buf, in[i:j]...), j + 1, k, nil
 	}
@@ -797,15 +799,15 @@ func str(buf, in []byte, pos int) ([]byte, int, int, error) {
 	buf = append(buf, 's', 0)
 	lenAt := len(buf) - 1
 	k := len(buf)
-	for j < n && in[j] == '\\' && (!hi || utf8.Valid(in[i:j])) {
-		buf = append(buf, in[i:j]...)
+	for ok && j < n && in[j] == '\\' {
+		buf = appendRaw(buf, in, i, j)
 		var err error
 		if buf, i, err = escape(buf, in, j); err != nil {
 			break
 		}
-		j, hi = scanTerm(in, i)
-		if j < n && in[j] == '"' && (!hi || utf8.Valid(in[i:j])) {
-			buf = append(buf, in[i:j]...)
+		j, ok = scanRun(in, i)
+		if ok && j < n && in[j] == '"' {
+			buf = appendRaw(buf, in, i, j)
 			j++
 			l := len(buf) - k
 			if l < 0x80 {
