@@ -105,10 +105,12 @@ const (
 // special flags (high bit per byte) the bytes of w that are not strSafe.
 // A borrow only runs upward from a byte that is itself special, so the
 // lowest flagged byte is exact (higher flags may be false).
+//
+// A byte >= 0x80 is flagged by w itself, so the subtractions need no
+// masking: they flag only bytes < 0x20, '"' and '\\' (no borrow in) or
+// bytes >= 0x80 (flagged anyway).
 func special(w uint64) uint64 {
-	q := w ^ ('"' * lsb)
-	b := w ^ ('\\' * lsb)
-	return ((w-0x20*lsb)&^w | (q-lsb)&^q | (b-lsb)&^b | w) & msb
+	return ((w - 0x20*lsb) | (w ^ '"'*lsb - lsb) | (w ^ '\\'*lsb - lsb) | w) & msb
 }
 
 // appendShort appends tag, the length (< 0x80) and in[i:j]. Short values
@@ -208,12 +210,14 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 
 name:
 	for {
-		for pos < n && in[pos] <= ' ' && isWS(in[pos]) {
-			pos++
-		}
 		if pos >= n || in[pos] != '"' {
-			err = unexpected(in, pos, "a member name")
-			goto fail
+			for pos < n && isWS(in[pos]) {
+				pos++
+			}
+			if pos >= n || in[pos] != '"' {
+				err = unexpected(in, pos, "a member name")
+				goto fail
+			}
 		}
 		start := len(buf)
 		i := pos + 1
@@ -258,27 +262,32 @@ name:
 		members = append(members, member{})
 		m := &members[len(members)-1]
 		m.prefix, m.start, m.key, m.keyEnd, m.in = prefix, int32(start), int32(k), int32(len(buf)), int32(pos)
-		for j < n && isWS(in[j]) {
-			j++
-		}
 		if j >= n || in[j] != ':' {
-			err = unexpected(in, j, "':'")
-			goto fail
+			for j < n && isWS(in[j]) {
+				j++
+			}
+			if j >= n || in[j] != ':' {
+				err = unexpected(in, j, "':'")
+				goto fail
+			}
 		}
 		pos = j + 1
 		active = 0
-		if f := &stack[len(stack)-1]; f.active != 0 {
-			active, m.ignored = h.matchName(f.active, len(stack)-1, buf[k:])
-			f.ignored = f.ignored || m.ignored
+		if h.all != 0 {
+			if f := &stack[len(stack)-1]; f.active != 0 {
+				active, m.ignored = h.matchName(f.active, len(stack)-1, buf[k:])
+				f.ignored = f.ignored || m.ignored
+			}
 		}
 		// Scalar values are parsed here, others under value.
-		for pos < n && in[pos] <= ' ' && isWS(in[pos]) {
-			pos++
-		}
+	scalar:
 		if pos >= n {
 			goto value
 		}
 		switch in[pos] {
+		case ' ', '\t', '\n', '\r':
+			pos++
+			goto scalar
 		case '"':
 			i := pos + 1
 			// Fast path, no calls: plain ASCII of up to 15 bytes.
@@ -354,9 +363,6 @@ name:
 			goto value
 		}
 		members[len(members)-1].end = int32(len(buf))
-		for pos < n && in[pos] <= ' ' && isWS(in[pos]) {
-			pos++
-		}
 		if pos < n && in[pos] == ',' {
 			pos++
 			continue
