@@ -727,18 +727,40 @@ func (s *state) remember(sh *shape, ms []member, sorted bool) {
 }
 
 // reorder writes the members of an object in the order perm (indexes
-// into ms), dropping ignored ones, and ends the object.
+// into ms), dropping ignored ones, and ends the object. Members up to 32
+// bytes move as one 32-byte array through spare capacity (reading and
+// writing past them, never past a capacity) in a loop without calls;
+// from the first longer member on, members are copied with memmove.
 func (s *state) reorder(buf []byte, ms []member, perm []uint8, body int, top, ignored bool) []byte {
 	tmp := s.tmp[:0]
 	if top {
 		tmp = append(tmp, buf[:body]...)
 	}
-	for _, k := range perm {
-		if m := &ms[k]; !ignored || !m.ignored {
-			tmp = append(tmp, buf[m.start:m.end]...)
+	if need := len(tmp) + len(buf) - body + 32; cap(tmp) < need {
+		tmp = append(make([]byte, 0, 2*need), tmp...)
+	}
+	d := len(tmp)
+	dst, src := tmp[:cap(tmp)], buf[:cap(buf)]
+	i := 0
+	for ; i < len(perm); i++ {
+		m := &ms[perm[i]]
+		if ignored && m.ignored {
+			continue
+		}
+		a, e := int(m.start), int(m.end)
+		if e-a > 32 || a+32 > len(src) || d+32 > len(dst) {
+			break
+		}
+		v := *(*[32]byte)(src[a : a+32])
+		*(*[32]byte)(dst[d : d+32]) = v
+		d += e - a
+	}
+	for ; i < len(perm); i++ {
+		if m := &ms[perm[i]]; !ignored || !m.ignored {
+			d += copy(dst[d:], src[m.start:m.end])
 		}
 	}
-	return s.finish(buf, tmp, body, top)
+	return s.finish(buf, tmp[:d], body, top)
 }
 
 func dupErr(buf []byte, a, b member) error {
