@@ -290,22 +290,20 @@ name:
 			goto scalar
 		case '"':
 			i := pos + 1
-			// Fast path, no calls: plain ASCII of up to 15 bytes.
-			if l := len(buf); i+16 <= n && cap(buf)-l >= 18 {
-				w0 := binary.LittleEndian.Uint64(in[i:])
-				w1 := binary.LittleEndian.Uint64(in[i+8:])
+			// Fast path, no calls: plain ASCII of up to 31 bytes, tested
+			// 8 bytes at a time and copied as one 32-byte array.
+			if l := len(buf); i+32 <= n && cap(buf)-l >= 34 {
 				j := i
-				if t := special(w0); t != 0 {
-					j += bits.TrailingZeros64(t) >> 3
-				} else if t := special(w1); t != 0 {
-					j += 8 + bits.TrailingZeros64(t)>>3
+				t := special(binary.LittleEndian.Uint64(in[i:]))
+				for t == 0 && j < i+24 {
+					j += 8
+					t = special(binary.LittleEndian.Uint64(in[j:]))
 				}
-				if j > i || in[i] == '"' {
-					if in[j] == '"' {
-						b := buf[l : l+18]
-						binary.LittleEndian.PutUint16(b, uint16('s')|uint16(j-i)<<8)
-						binary.LittleEndian.PutUint64(b[2:], w0)
-						binary.LittleEndian.PutUint64(b[10:], w1)
+				if t != 0 {
+					if j += bits.TrailingZeros64(t) >> 3; in[j] == '"' {
+						binary.LittleEndian.PutUint16(buf[l:l+2], uint16('s')|uint16(j-i)<<8)
+						v := *(*[32]byte)(in[i : i+32])
+						*(*[32]byte)(buf[l+2 : l+34]) = v
 						buf = buf[:l+2+j-i]
 						pos = j + 1
 						break
@@ -381,22 +379,20 @@ value:
 	switch c := in[pos]; c {
 	case '"':
 		i := pos + 1
-		// Fast path, no calls: plain ASCII of up to 15 bytes.
-		if l := len(buf); i+16 <= n && cap(buf)-l >= 18 {
-			w0 := binary.LittleEndian.Uint64(in[i:])
-			w1 := binary.LittleEndian.Uint64(in[i+8:])
+		// Fast path, no calls: plain ASCII of up to 31 bytes, tested
+		// 8 bytes at a time and copied as one 32-byte array.
+		if l := len(buf); i+32 <= n && cap(buf)-l >= 34 {
 			j := i
-			if t := special(w0); t != 0 {
-				j += bits.TrailingZeros64(t) >> 3
-			} else if t := special(w1); t != 0 {
-				j += 8 + bits.TrailingZeros64(t)>>3
+			t := special(binary.LittleEndian.Uint64(in[i:]))
+			for t == 0 && j < i+24 {
+				j += 8
+				t = special(binary.LittleEndian.Uint64(in[j:]))
 			}
-			if j > i || in[i] == '"' {
-				if in[j] == '"' {
-					b := buf[l : l+18]
-					binary.LittleEndian.PutUint16(b, uint16('s')|uint16(j-i)<<8)
-					binary.LittleEndian.PutUint64(b[2:], w0)
-					binary.LittleEndian.PutUint64(b[10:], w1)
+			if t != 0 {
+				if j += bits.TrailingZeros64(t) >> 3; in[j] == '"' {
+					binary.LittleEndian.PutUint16(buf[l:l+2], uint16('s')|uint16(j-i)<<8)
+					v := *(*[32]byte)(in[i : i+32])
+					*(*[32]byte)(buf[l+2 : l+34]) = v
 					buf = buf[:l+2+j-i]
 					pos = j + 1
 					break
