@@ -124,9 +124,10 @@ type Pipeline struct {
 	// BatchSize is the maximum number of records per decide transaction.
 	// Default 500.
 	BatchSize int `koanf:"batch_size"`
-	// MaxInFlight bounds the records buffered per partition: while any
-	// partition holds this many, dam stops polling. At least BatchSize.
-	// Default 10000.
+	// MaxInFlight bounds the records polled but not yet decided, per
+	// assigned partition on average: while the partitions hold this many
+	// times their number, dam stops polling. At least BatchSize. Default
+	// 4000.
 	MaxInFlight int `koanf:"max_in_flight"`
 	// ShutdownGrace bounds the time to finish the batches in flight on
 	// shutdown. Default 30s.
@@ -229,7 +230,7 @@ func Default() Config {
 		Log:  Log{Level: "info", Format: "json"},
 		Pipeline: Pipeline{
 			BatchSize:     500,
-			MaxInFlight:   10000,
+			MaxInFlight:   4000,
 			ShutdownGrace: 30 * time.Second,
 			RetryMin:      100 * time.Millisecond,
 			RetryMax:      10 * time.Second,

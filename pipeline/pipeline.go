@@ -104,8 +104,8 @@ type Pipeline struct {
 	workers map[string]map[int32]*worker
 	started bool // the group has been joined at least once
 	stopped bool
-	// room is signalled when a worker's queue may have dropped below
-	// max_in_flight: the poll loop waits on it while a worker is full.
+	// room is signalled when the queued records may have dropped below the
+	// budget: the poll loop waits on it while the budget is used up.
 	room chan struct{}
 	// brokerErr is set while no broker answers the health probe: every
 	// partition is then paused, busy or idle.
@@ -145,6 +145,10 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 	return p, nil
 }
 
+// fetchMaxBytes bounds one fetch response. Kafka still returns a record
+// batch larger than this on its own, so it never stalls a partition.
+const fetchMaxBytes = 4 << 20
+
 func (p *Pipeline) clientOptions() []kgo.Opt {
 	var topics []string
 	var routes []*route
@@ -174,6 +178,10 @@ func (p *Pipeline) clientOptions() []kgo.Opt {
 		// A committed offset that fell below the log start resumes at the
 		// log start: every record that still exists is decided.
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// One fetch is buffered while the workers are busy, decompressed,
+		// on top of the max_in_flight budget: franz-go's default (50 MiB)
+		// doubled peak memory and gained nothing.
+		kgo.FetchMaxBytes(fetchMaxBytes),
 		kgo.OnPartitionsAssigned(p.onJoined),
 		kgo.AdjustFetchOffsetsFn(p.onAssigned),
 		kgo.OnPartitionsRevoked(p.onRevoked),
@@ -220,9 +228,10 @@ func (p *Pipeline) Run(ctx context.Context) error {
 
 	maxPoll := p.cfg.Pipeline.BatchSize * 4
 	for {
-		// Backpressure: no poll while a partition holds max_in_flight
-		// records. (Not franz-go's per-partition pause: a partition paused
-		// when revoked was seen never to fetch again once reassigned.)
+		// Backpressure: no poll while the partitions hold max_in_flight
+		// records each on average. (Not franz-go's per-partition pause: a
+		// partition paused when revoked was seen never to fetch again once
+		// reassigned.)
 		p.waitForRoom(ctx)
 		fetches := cl.PollRecords(ctx, maxPoll)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
@@ -288,9 +297,10 @@ func (p *Pipeline) stopWorkers(ws []*worker, finish bool) {
 	wg.Wait()
 }
 
-// waitForRoom blocks while any worker is full, until ctx ends.
+// waitForRoom blocks while the budget of queued records is used up, until
+// ctx ends.
 func (p *Pipeline) waitForRoom(ctx context.Context) {
-	for p.anyFull() {
+	for p.overBudget() {
 		select {
 		case <-p.room:
 		case <-ctx.Done():
@@ -300,17 +310,23 @@ func (p *Pipeline) waitForRoom(ctx context.Context) {
 	}
 }
 
-func (p *Pipeline) anyFull() bool {
+// overBudget reports whether the workers' queues hold max_in_flight records
+// per assigned partition or more. The budget is shared rather than per
+// partition: a fetch brings a run of one partition at a time, and stopping
+// every poll while one partition's queue is full left the others idle
+// (throughput fell tenfold with max_in_flight at 4 polls). Memory stays
+// bounded by the total: budget plus one poll.
+func (p *Pipeline) overBudget() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	n, queued := 0, 0
 	for _, parts := range p.workers {
 		for _, w := range parts {
-			if w.full() {
-				return true
-			}
+			n++
+			queued += w.queued()
 		}
 	}
-	return false
+	return n > 0 && queued >= n*p.cfg.Pipeline.MaxInFlight
 }
 
 // roomMaybe wakes the poll loop if it waits for room.

@@ -48,6 +48,12 @@ type job struct {
 	halt     error          // set on the last job before a halt
 }
 
+// pollRun is a run of n queued records polled at the same time.
+type pollRun struct {
+	n  int
+	at time.Time
+}
+
 // worker owns one input partition for as long as it is assigned: a decider
 // goroutine (hash, decide in PostgreSQL) and a deliverer goroutine (produce,
 // wait for acks, commit), connected by a short queue so that batch n+1 is
@@ -63,11 +69,11 @@ type worker struct {
 	ctx    context.Context // canceled on a hard stop (partition lost)
 	cancel context.CancelFunc
 
-	mu       sync.Mutex
-	queue    []*kgo.Record
-	polledAt time.Time // when the oldest queued record was polled
-	closing  bool      // finish what is decided, take nothing new
-	wake     chan struct{}
+	mu      sync.Mutex
+	queue   []*kgo.Record
+	polls   []pollRun // when the queued records were polled, oldest first
+	closing bool      // finish what is decided, take nothing new
+	wake    chan struct{}
 
 	jobs chan *job
 	done chan struct{}
@@ -113,17 +119,15 @@ func (w *worker) start() {
 }
 
 // push hands polled records to the worker. It never blocks the poll loop;
-// the loop stops polling while a worker holds max_in_flight records (full).
+// the loop stops polling while the workers hold their budget (overBudget).
 func (w *worker) push(recs []*kgo.Record, polled time.Time) {
 	w.mu.Lock()
 	if w.closing {
 		w.mu.Unlock()
 		return
 	}
-	if len(w.queue) == 0 {
-		w.polledAt = polled
-	}
 	w.queue = append(w.queue, recs...)
+	w.polls = append(w.polls, pollRun{n: len(recs), at: polled})
 	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
@@ -146,9 +150,17 @@ func (w *worker) take(n int) (recs []*kgo.Record, polled time.Time, ok bool) {
 			}
 			recs = w.queue[:n:n]
 			w.queue = w.queue[n:]
-			polled = w.polledAt
+			polled = w.polls[0].at // the batch's oldest record
+			for left := n; left > 0; {
+				if w.polls[0].n > left {
+					w.polls[0].n -= left
+					break
+				}
+				left -= w.polls[0].n
+				w.polls = w.polls[1:]
+			}
 			if len(w.queue) == 0 {
-				w.queue = nil
+				w.queue, w.polls = nil, nil
 			}
 			w.mu.Unlock()
 			w.pl.roomMaybe()
@@ -168,7 +180,7 @@ func (w *worker) take(n int) (recs []*kgo.Record, polled time.Time, ok bool) {
 func (w *worker) stop(finish bool, grace time.Duration) {
 	w.mu.Lock()
 	w.closing = true
-	w.queue = nil
+	w.queue, w.polls = nil, nil
 	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
@@ -192,11 +204,11 @@ func (w *worker) stop(finish bool, grace time.Duration) {
 	w.pl.roomMaybe()
 }
 
-// full reports whether the worker holds max_in_flight records or more.
-func (w *worker) full() bool {
+// queued reports how many polled records wait to be decided.
+func (w *worker) queued() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return !w.closing && len(w.queue) >= w.pl.cfg.Pipeline.MaxInFlight
+	return len(w.queue)
 }
 
 func (w *worker) setHalt(err error) {
@@ -262,7 +274,7 @@ func (w *worker) fail(err error) {
 	}
 	w.mu.Lock()
 	w.closing = true
-	w.queue = nil
+	w.queue, w.polls = nil, nil
 	w.mu.Unlock()
 	w.pl.roomMaybe()
 }
