@@ -188,14 +188,17 @@ func unexpected(in []byte, pos int, want string) error {
 
 // encode parses in and leaves its canonical encoding in s.out. It never
 // recurses: nesting lives in an explicit stack, bounded by h.maxDepth. The
-// hot slices live in locals (registers), stored back on return.
+// buffer lives in a local (a register), stored back on return; the stack
+// and the open members stay in s: fewer live values spill less.
 //
 // Control moves with goto between name (a member name starts, after '{'
 // or ','), value (a value starts) and after (a value ended). The members
 // of an object whose values are scalars are parsed in a tight loop under
 // name, which leaves it for other values and at the end of the object.
 func (s *state) encode(h *Hasher, in []byte) (err error) {
-	buf, stack, members := s.buf[:0], s.stack[:0], s.members[:0]
+	buf := s.buf[:0]
+	s.stack = s.stack[:0]
+	s.members = s.members[:0]
 	// Spare capacity lets appendShort copy without calls; the encoding of
 	// typical JSON is a little shorter than the text.
 	if want := min(len(in)+len(in)/4, 1<<16) + 64; cap(buf) < want {
@@ -245,8 +248,8 @@ name:
 				buf = buf[:l+2+j-i]
 				k = l + 2
 				prefix = bits.ReverseBytes64(w0)
-				if j-i < 8 {
-					prefix &^= ^uint64(0) >> (8 * uint(j-i))
+				if l := uint(j - i); l < 8 {
+					prefix &^= ^uint64(0) >> (8 * (l & 7))
 				}
 				j++
 				goto named
@@ -259,8 +262,8 @@ name:
 	named:
 		// Fill the member in place: building it on the stack and
 		// copying it costs a store-forwarding stall.
-		members = append(members, member{})
-		m := &members[len(members)-1]
+		s.members = append(s.members, member{})
+		m := &s.members[len(s.members)-1]
 		m.prefix, m.start, m.key, m.keyEnd, m.in = prefix, int32(start), int32(k), int32(len(buf)), int32(pos)
 		if j >= n || in[j] != ':' {
 			for j < n && isWS(in[j]) {
@@ -274,8 +277,8 @@ name:
 		pos = j + 1
 		active = 0
 		if h.all != 0 {
-			if f := &stack[len(stack)-1]; f.active != 0 {
-				active, m.ignored = h.matchName(f.active, len(stack)-1, buf[k:])
+			if f := &s.stack[len(s.stack)-1]; f.active != 0 {
+				active, m.ignored = h.matchName(f.active, len(s.stack)-1, buf[k:])
 				f.ignored = f.ignored || m.ignored
 			}
 		}
@@ -360,7 +363,7 @@ name:
 		default:
 			goto value
 		}
-		members[len(members)-1].end = int32(len(buf))
+		s.members[len(s.members)-1].end = int32(len(buf))
 		if pos < n && in[pos] == ',' {
 			pos++
 			continue
@@ -433,7 +436,7 @@ value:
 			goto fail
 		}
 	case '{', '[':
-		if len(stack) >= h.maxDepth {
+		if len(s.stack) >= h.maxDepth {
 			err = &Error{Offset: pos, Err: ErrTooDeep, Detail: "limit " + strconv.Itoa(h.maxDepth)}
 			goto fail
 		}
@@ -448,7 +451,7 @@ value:
 				break
 			}
 			buf = append(buf, 'o')
-			stack = append(stack, frame{obj: true, body: int32(len(buf)), mstart: int32(len(members)), active: active})
+			s.stack = append(s.stack, frame{obj: true, body: int32(len(buf)), mstart: int32(len(s.members)), active: active})
 			goto name
 		}
 		if pos < n && in[pos] == ']' {
@@ -460,9 +463,9 @@ value:
 		f := frame{body: int32(len(buf)), elem: int32(len(buf)), active: active}
 		active = 0
 		if f.active != 0 {
-			active, f.ignoreElem = h.matchIndex(f.active, len(stack), 0)
+			active, f.ignoreElem = h.matchIndex(f.active, len(s.stack), 0)
 		}
-		stack = append(stack, f)
+		s.stack = append(s.stack, f)
 		goto value
 	case 't':
 		if n-pos < 4 || string(in[pos:pos+4]) != "true" {
@@ -495,7 +498,7 @@ after:
 		for pos < n && in[pos] <= ' ' && isWS(in[pos]) {
 			pos++
 		}
-		if len(stack) == 0 {
+		if len(s.stack) == 0 {
 			if pos < n {
 				err = &Error{Offset: pos, Err: ErrTrailingData}
 				goto fail
@@ -503,23 +506,23 @@ after:
 			if s.out == nil {
 				s.out = buf
 			}
-			s.buf, s.stack, s.members = buf, stack, members
+			s.buf = buf
 			return nil
 		}
-		f := &stack[len(stack)-1]
+		f := &s.stack[len(s.stack)-1]
 		if f.obj {
-			members[len(members)-1].end = int32(len(buf))
+			s.members[len(s.members)-1].end = int32(len(buf))
 			if pos < n && in[pos] == ',' {
 				pos++
 				goto name
 			}
 			if pos < n && in[pos] == '}' {
-				ms := members[f.mstart:]
-				if buf, err = s.closeObject(buf, ms, int(f.body), len(stack) == 1, f.ignored); err != nil {
+				ms := s.members[f.mstart:]
+				if buf, err = s.closeObject(buf, ms, int(f.body), len(s.stack) == 1, f.ignored); err != nil {
 					goto fail
 				}
-				members = members[:f.mstart]
-				stack = stack[:len(stack)-1]
+				s.members = s.members[:f.mstart]
+				s.stack = s.stack[:len(s.stack)-1]
 				pos++
 				continue
 			}
@@ -533,14 +536,14 @@ after:
 			f.index++
 			f.elem = int32(len(buf))
 			if f.active != 0 {
-				active, f.ignoreElem = h.matchIndex(f.active, len(stack)-1, int(f.index))
+				active, f.ignoreElem = h.matchIndex(f.active, len(s.stack)-1, int(f.index))
 			}
 			pos++
 			goto value
 		}
 		if pos < n && in[pos] == ']' {
 			buf = append(buf, ']')
-			stack = stack[:len(stack)-1]
+			s.stack = s.stack[:len(s.stack)-1]
 			pos++
 			continue
 		}
