@@ -741,18 +741,25 @@ func (s *state) reorder(buf []byte, ms []member, perm []uint8, body int, top, ig
 	d := len(tmp)
 	dst, src := tmp[:cap(tmp)], buf[:cap(buf)]
 	i := 0
-	for ; i < len(perm); i++ {
-		m := &ms[perm[i]]
-		if ignored && m.ignored {
-			continue
+	// Every member lies in buf and tmp has room for all of them plus 32
+	// bytes, so when buf has 32 spare bytes to read past a member only
+	// the member length needs a test.
+	if len(buf)+32 <= len(src) {
+		for ; i < len(perm); i++ {
+			m := &ms[perm[i]]
+			if ignored && m.ignored {
+				continue
+			}
+			a, e := int(m.start), int(m.end)
+			if e-a > 32 {
+				break
+			}
+			sp := (*[32]byte)(src[a : a+32])
+			dp := (*[32]byte)(dst[d : d+32])
+			*(*[16]byte)(dp[:]) = *(*[16]byte)(sp[:])
+			*(*[16]byte)(dp[16:]) = *(*[16]byte)(sp[16:])
+			d += e - a
 		}
-		a, e := int(m.start), int(m.end)
-		if e-a > 32 || a+32 > len(src) || d+32 > len(dst) {
-			break
-		}
-		v := *(*[32]byte)(src[a : a+32])
-		*(*[32]byte)(dst[d : d+32]) = v
-		d += e - a
 	}
 	for ; i < len(perm); i++ {
 		if m := &ms[perm[i]]; !ignored || !m.ignored {
