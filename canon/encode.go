@@ -61,6 +61,7 @@ type frame struct {
 	elem       int32  // arrays: buffer offset of the current element
 	index      int32  // arrays: index of the current element
 	active     uint64 // ignore pointers whose tokens match this container's path
+	child      uint8  // shape slot + 1 of the last object closed in this container, or 0
 }
 
 // state is the pooled scratch of one Sum: the encoding, a second buffer
@@ -71,6 +72,13 @@ type state struct {
 	stack    []frame
 	members  []member
 	shapes   [16]shape // recent object shapes, by member count and first name byte
+
+	// Name prediction: the names of an object are expected to be those of
+	// the shape in slot pslot-1 (0: none), member pk next. An object
+	// predicts the shape of the last object closed in its container (the
+	// previous record, for the top-level object).
+	pslot, pk int
+	topSlot   uint8
 }
 
 // maxShape is the largest object whose member order is cached.
@@ -81,11 +89,19 @@ const maxShape = 16
 // so most objects are ordered by comparing n prefixes instead of sorting.
 // Only shapes whose prefixes are pairwise distinct are cached: then the
 // prefixes alone decide the order and rule out duplicate names.
+//
+// pat and mask (in input order) predict the input after a name's opening
+// quote: for a plain name of up to 6 bytes (plen), the name, '"' and ':'
+// as a little-endian word; mask 0 for other names. A name whose input
+// matches is the cached name.
 type shape struct {
 	n        int
 	sorted   bool // perm is the identity
 	prefixes [maxShape]uint64
 	perm     [maxShape]uint8 // perm[k] is the input index of the k-th member in order
+	plen     [maxShape]uint8
+	pat      [maxShape]uint64
+	mask     [maxShape]uint64
 }
 
 // strSafe marks the bytes a string can hold that need no work: printable
@@ -226,6 +242,24 @@ name:
 		i := pos + 1
 		var j, k int
 		var prefix uint64
+		// Predicted name: one masked compare instead of scanning.
+		if ps := s.pslot; ps != 0 {
+			sh := &s.shapes[(ps-1)&(len(s.shapes)-1)]
+			if pk := s.pk; pk < sh.n && pk < maxShape && i+8 <= n && cap(buf)-start >= 10 {
+				if w := binary.LittleEndian.Uint64(in[i:]); w&sh.mask[pk] == sh.pat[pk] && sh.mask[pk] != 0 {
+					l := int(sh.plen[pk])
+					binary.LittleEndian.PutUint16(buf[start:start+2], uint16('s')|uint16(l)<<8)
+					binary.LittleEndian.PutUint64(buf[start+2:start+10], w)
+					buf = buf[:start+2+l]
+					k = start + 2
+					prefix = sh.prefixes[pk]
+					s.pk = pk + 1
+					j = i + l + 1
+					goto named
+				}
+			}
+			s.pslot = 0
+		}
 		// Fast path, no calls: a plain ASCII name of up to 15 bytes
 		// is tested and copied as two 8-byte words.
 		if l := len(buf); i+16 <= n && cap(buf)-l >= 18 {
@@ -451,6 +485,12 @@ value:
 				break
 			}
 			buf = append(buf, 'o')
+			if d := len(s.stack); d > 0 {
+				s.pslot = int(s.stack[d-1].child)
+			} else {
+				s.pslot = int(s.topSlot)
+			}
+			s.pk = 0
 			s.stack = append(s.stack, frame{obj: true, body: int32(len(buf)), mstart: int32(len(s.members)), active: active})
 			goto name
 		}
@@ -518,11 +558,18 @@ after:
 			}
 			if pos < n && in[pos] == '}' {
 				ms := s.members[f.mstart:]
-				if buf, err = s.closeObject(buf, ms, int(f.body), len(s.stack) == 1, f.ignored); err != nil {
+				var slot uint8
+				if buf, slot, err = s.closeObject(buf, ms, int(f.body), len(s.stack) == 1, f.ignored); err != nil {
 					goto fail
 				}
 				s.members = s.members[:f.mstart]
 				s.stack = s.stack[:len(s.stack)-1]
+				if d := len(s.stack); d > 0 {
+					s.stack[d-1].child = slot
+				} else {
+					s.topSlot = slot
+				}
+				s.pslot = 0
 				pos++
 				continue
 			}
@@ -591,35 +638,57 @@ func (h *Hasher) matchIndex(active uint64, d, idx int) (uint64, bool) {
 // drops ignored members (ignored: there are some) and ends the object. The
 // top-level object is reordered into s.tmp only, which then is the final
 // encoding: no copy back.
-func (s *state) closeObject(buf []byte, ms []member, body int, top, ignored bool) ([]byte, error) {
+//
+// It returns the shape cache slot + 1 that now holds the object's shape,
+// or 0.
+func (s *state) closeObject(buf []byte, ms []member, body int, top, ignored bool) ([]byte, uint8, error) {
 	n := len(ms)
 	if n < 2 {
 		if n == 1 && ignored {
 			buf = buf[:body]
 		}
-		return append(buf, '}'), nil
+		return append(buf, '}'), 0, nil
 	}
 	var sh *shape
+	var slot int
+	var err error
+	if ps := s.pslot; ps != 0 && s.pk == n && s.shapes[(ps-1)&(len(s.shapes)-1)].n == n {
+		// Every name matched the predicted shape, which did not change
+		// since the object opened (closing an object ends prediction).
+		slot = (ps - 1) & (len(s.shapes) - 1)
+		sh = &s.shapes[slot]
+		goto hit
+	}
 	if n <= maxShape {
 		// Slot by size and first name byte, so that small objects of
 		// different shapes (coordinates, money) do not evict each other.
-		sh = &s.shapes[shapeSlot(n, ms[0].prefix)]
+		slot = shapeSlot(n, ms[0].prefix)
+		sh = &s.shapes[slot]
 		if sh.n == n && sh.prefixes[0] == ms[0].prefix {
-			hit := true
 			for i := 1; i < n; i++ {
 				if sh.prefixes[i] != ms[i].prefix {
-					hit = false
-					break
+					goto miss
 				}
 			}
-			if hit {
-				if sh.sorted && !ignored {
-					return append(buf, '}'), nil
-				}
-				return s.reorder(buf, ms, sh.perm[:n], body, top, ignored), nil
-			}
+			goto hit
 		}
 	}
+miss:
+	buf, err = s.sortObject(buf, ms, body, top, ignored, sh)
+	if err != nil || sh == nil || sh.n == 0 {
+		return buf, 0, err
+	}
+	return buf, uint8(slot + 1), nil
+hit:
+	if sh.sorted && !ignored {
+		return append(buf, '}'), uint8(slot + 1), nil
+	}
+	return s.reorder(buf, ms, sh.perm[:n], body, top, ignored), uint8(slot + 1), nil
+}
+
+// sortObject is closeObject for objects whose shape is not cached: it
+// sorts the members and caches the shape in sh (if not nil).
+func (s *state) sortObject(buf []byte, ms []member, body int, top, ignored bool, sh *shape) ([]byte, error) {
 	sorted := true
 	for i := 1; i < len(ms); i++ {
 		if !less(buf, &ms[i-1], &ms[i]) {
@@ -658,7 +727,7 @@ func (s *state) closeObject(buf []byte, ms []member, body int, top, ignored bool
 		}
 	}
 	if sh != nil {
-		s.remember(sh, ms, sorted)
+		s.remember(buf, sh, ms, sorted)
 	}
 	if sorted && !ignored {
 		return append(buf, '}'), nil
@@ -696,7 +765,7 @@ func (s *state) finish(buf, tmp []byte, body int, top bool) []byte {
 
 // remember caches the order of ms (now sorted; its input order is
 // recovered from the buffer offsets) if the prefixes are pairwise distinct.
-func (s *state) remember(sh *shape, ms []member, sorted bool) {
+func (s *state) remember(buf []byte, sh *shape, ms []member, sorted bool) {
 	sh.n = 0
 	for i := 1; i < len(ms); i++ {
 		if ms[i-1].prefix == ms[i].prefix {
@@ -707,6 +776,7 @@ func (s *state) remember(sh *shape, ms []member, sorted bool) {
 		for i := range ms {
 			sh.prefixes[i] = ms[i].prefix
 			sh.perm[i] = uint8(i)
+			sh.predict(i, buf[ms[i].key:ms[i].keyEnd])
 		}
 		sh.n, sh.sorted = len(ms), true
 		return
@@ -721,8 +791,28 @@ func (s *state) remember(sh *shape, ms []member, sorted bool) {
 		}
 		sh.prefixes[pos] = ms[k].prefix
 		sh.perm[k] = uint8(pos)
+		sh.predict(pos, buf[ms[k].key:ms[k].keyEnd])
 	}
 	sh.n, sh.sorted = len(ms), false
+}
+
+// predict sets the prediction of input member i, whose name is name.
+func (sh *shape) predict(i int, name []byte) {
+	sh.mask[i] = 0
+	if len(name) > 6 {
+		return
+	}
+	var pat uint64
+	for k, c := range name {
+		if !strSafe[c] {
+			return
+		}
+		pat |= uint64(c) << (8 * k)
+	}
+	l := uint(len(name))
+	sh.pat[i] = pat | '"'<<(8*l) | ':'<<(8*l+8)
+	sh.mask[i] = 1<<(8*l+16) - 1
+	sh.plen[i] = uint8(l)
 }
 
 // reorder writes the members of an object in the order perm (indexes
