@@ -409,3 +409,69 @@ func TestPruneStateChunks(t *testing.T) {
 		t.Fatalf("after prune: %+v, %v", stats, err)
 	}
 }
+
+// TestDecideNewIdentityRace: a Decide that finds an identity absent while
+// another transaction is creating it must not keep its stale decision. The
+// other transaction's insert is held open until Decide waits on it; once it
+// commits with the same content, Decide loses the race, runs again, finds
+// the row and decides Duplicate (a stale Forward would deliver it twice).
+func TestDecideNewIdentityRace(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	p, epoch := partition(t, s, "race")
+
+	other, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx)
+	d := digest("A")
+	if _, err := other.Exec(ctx, `INSERT INTO state (service, entity, digest) VALUES ('svc', 'new', $1)`, d[:]); err != nil {
+		t.Fatal(err)
+	}
+
+	type result struct {
+		got []dedup.Decision
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 0, End: 1,
+			Records: []dedup.Record{{Offset: 0, Entity: []byte("new"), Digest: d}}}
+		got, err := s.Decide(ctx, b, nil)
+		done <- result{got, err}
+	}()
+	// Wait until Decide's insert waits on the open transaction.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := other.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("Decide returned %v, %v without waiting for the concurrent insert", r.got, r.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Decide never waited for the concurrent insert")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || !slices.Equal(r.got, []dedup.Decision{D}) {
+		t.Fatalf("Decide after losing the race: %v, %v; want [Duplicate]", r.got, r.err)
+	}
+	b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 1, End: 3, Records: []dedup.Record{
+		{Offset: 1, Entity: []byte("new"), Digest: d}, {Offset: 2, Entity: []byte("new"), Digest: digest("B")}}}
+	if got, err := s.Decide(ctx, b, nil); err != nil || !slices.Equal(got, []dedup.Decision{D, F}) {
+		t.Fatalf("next batch: %v, %v", got, err)
+	}
+}

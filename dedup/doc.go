@@ -17,8 +17,9 @@
 //
 //   - Last-seen semantics: a record is Forward iff its digest differs from
 //     the stored one (an absent identity is Forward), Duplicate otherwise, in
-//     any interleaving of concurrent deciders, Decide and Check alike (rows
-//     are locked, new identities through placeholder rows).
+//     any interleaving of concurrent deciders, Decide and Check alike
+//     (existing rows are locked; a Decide that loses the race for a new
+//     identity is rolled back and runs again).
 //   - Decide is one READ COMMITTED transaction of two round trips per batch:
 //     the state, the log and P change together or not at all.
 //   - Fencing: a Decide whose epoch or start offset is not the partition's
