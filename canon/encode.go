@@ -1057,8 +1057,12 @@ func escape(buf, in []byte, j int) ([]byte, int, error) {
 			return buf, j, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "lone surrogate " + string(in[j:j+6])}
 		case r >= 0xDC00 && r < 0xE000:
 			return buf, j, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "lone surrogate " + string(in[j:j+6])}
+		case r < 0x80:
+			return append(buf, byte(r)), j + 6, nil
+		case r < 0x800:
+			return append(buf, 0xC0|byte(r>>6), 0x80|byte(r)&0x3F), j + 6, nil
 		}
-		return utf8.AppendRune(buf, r), j + 6, nil
+		return append(buf, 0xE0|byte(r>>12), 0x80|byte(r>>6)&0x3F, 0x80|byte(r)&0x3F), j + 6, nil
 	default:
 		return buf, j, syntaxErr(j, "invalid escape")
 	}
@@ -1066,25 +1070,33 @@ func escape(buf, in []byte, j int) ([]byte, int, error) {
 }
 
 func hex4(in []byte, i int) (rune, bool) {
-	if i+4 > len(in) {
+	if i < 0 || i+4 > len(in) {
 		return 0, false
 	}
-	var r rune
-	for _, c := range in[i : i+4] {
+	h := in[i : i+4 : i+4]
+	a, b, c, d := hexVal[h[0]], hexVal[h[1]], hexVal[h[2]], hexVal[h[3]]
+	if a|b|c|d < 0 {
+		return 0, false
+	}
+	return rune(a)<<12 | rune(b)<<8 | rune(c)<<4 | rune(d), true
+}
+
+// hexVal is the value of a hex digit, or -1.
+var hexVal = func() (t [256]int8) {
+	for c := range t {
 		switch {
 		case c >= '0' && c <= '9':
-			c -= '0'
+			t[c] = int8(c - '0')
 		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
+			t[c] = int8(c - 'a' + 10)
 		case c >= 'A' && c <= 'F':
-			c -= 'A' - 10
+			t[c] = int8(c - 'A' + 10)
 		default:
-			return 0, false
+			t[c] = -1
 		}
-		r = r<<4 | rune(c)
 	}
-	return r, true
-}
+	return t
+}()
 
 func isDigit(c byte) bool { return c-'0' < 10 }
 
