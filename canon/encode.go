@@ -90,18 +90,22 @@ const maxShape = 16
 // Only shapes whose prefixes are pairwise distinct are cached: then the
 // prefixes alone decide the order and rule out duplicate names.
 //
-// pat and mask (in input order) predict the input after a name's opening
-// quote: for a plain name of up to 6 bytes (plen), the name, '"' and ':'
-// as a little-endian word; mask 0 for other names. A name whose input
-// matches is the cached name.
+// names (in input order) predicts the input after each name's opening
+// quote. A name whose input matches is the cached name.
 type shape struct {
 	n        int
 	sorted   bool // perm is the identity
 	prefixes [maxShape]uint64
 	perm     [maxShape]uint8 // perm[k] is the input index of the k-th member in order
-	plen     [maxShape]uint8
-	pat      [maxShape]uint64
-	mask     [maxShape]uint64
+	names    [maxShape]pname
+}
+
+// pname is the input expected after the opening quote of a plain name of
+// up to 6 bytes (len): the name, '"' and ':' as a little-endian word under
+// mask. Other names get mask 0 and pat 1, which nothing matches.
+type pname struct {
+	pat, mask uint64
+	len       uint8
 }
 
 // strSafe marks the bytes a string can hold that need no work: printable
@@ -245,17 +249,18 @@ name:
 		// Predicted name: one masked compare instead of scanning.
 		if ps := s.pslot; ps != 0 {
 			sh := &s.shapes[(ps-1)&(len(s.shapes)-1)]
-			if pk := s.pk; pk < sh.n && pk < maxShape && i+8 <= n && cap(buf)-start >= 10 {
-				if w := binary.LittleEndian.Uint64(in[i:]); w&sh.mask[pk] == sh.pat[pk] && sh.mask[pk] != 0 {
-					l := int(sh.plen[pk])
+			if pk := s.pk; pk < sh.n && uint(pk) < maxShape && i+8 <= n && cap(buf)-start >= 10 {
+				p := &sh.names[pk]
+				if w := binary.LittleEndian.Uint64(in[i:]); w&p.mask == p.pat {
+					l := int(p.len)
 					binary.LittleEndian.PutUint16(buf[start:start+2], uint16('s')|uint16(l)<<8)
 					binary.LittleEndian.PutUint64(buf[start+2:start+10], w)
 					buf = buf[:start+2+l]
 					k = start + 2
 					prefix = sh.prefixes[pk]
 					s.pk = pk + 1
-					j = i + l + 1
-					goto named
+					j = i + l + 2
+					goto colon
 				}
 			}
 			s.pslot = 0
@@ -294,11 +299,6 @@ name:
 		}
 		prefix = namePrefix(buf, k, len(buf))
 	named:
-		// Fill the member in place: building it on the stack and
-		// copying it costs a store-forwarding stall.
-		s.members = append(s.members, member{})
-		m := &s.members[len(s.members)-1]
-		m.prefix, m.start, m.key, m.keyEnd, m.in = prefix, int32(start), int32(k), int32(len(buf)), int32(pos)
 		if j >= n || in[j] != ':' {
 			for j < n && isWS(in[j]) {
 				j++
@@ -308,7 +308,14 @@ name:
 				goto fail
 			}
 		}
-		pos = j + 1
+		j++
+	colon:
+		// Fill the member in place: building it on the stack and
+		// copying it costs a store-forwarding stall.
+		s.members = append(s.members, member{})
+		m := &s.members[len(s.members)-1]
+		m.prefix, m.start, m.key, m.keyEnd, m.in = prefix, int32(start), int32(k), int32(len(buf)), int32(pos)
+		pos = j
 		active = 0
 		if h.all != 0 {
 			if f := &s.stack[len(s.stack)-1]; f.active != 0 {
@@ -798,7 +805,8 @@ func (s *state) remember(buf []byte, sh *shape, ms []member, sorted bool) {
 
 // predict sets the prediction of input member i, whose name is name.
 func (sh *shape) predict(i int, name []byte) {
-	sh.mask[i] = 0
+	p := &sh.names[i]
+	p.pat, p.mask = 1, 0
 	if len(name) > 6 {
 		return
 	}
@@ -810,9 +818,9 @@ func (sh *shape) predict(i int, name []byte) {
 		pat |= uint64(c) << (8 * k)
 	}
 	l := uint(len(name))
-	sh.pat[i] = pat | '"'<<(8*l) | ':'<<(8*l+8)
-	sh.mask[i] = 1<<(8*l+16) - 1
-	sh.plen[i] = uint8(l)
+	p.pat = pat | '"'<<(8*l) | ':'<<(8*l+8)
+	p.mask = 1<<(8*l+16) - 1
+	p.len = uint8(l)
 }
 
 // reorder writes the members of an object in the order perm (indexes
