@@ -122,7 +122,7 @@ type Log struct {
 // Pipeline tunes the consume-decide-deliver loop.
 type Pipeline struct {
 	// BatchSize is the maximum number of records per decide transaction.
-	// Default 500.
+	// Default 1000.
 	BatchSize int `koanf:"batch_size"`
 	// MaxInFlight bounds the records polled but not yet decided, per
 	// assigned partition on average: while the partitions hold this many
@@ -229,7 +229,7 @@ func Default() Config {
 		HTTP: HTTP{Listen: ":9090"},
 		Log:  Log{Level: "info", Format: "json"},
 		Pipeline: Pipeline{
-			BatchSize:     500,
+			BatchSize:     1000,
 			MaxInFlight:   4000,
 			ShutdownGrace: 30 * time.Second,
 			RetryMin:      100 * time.Millisecond,

@@ -156,7 +156,7 @@ func TestValidateErrors(t *testing.T) {
 			c.Kafka.TLS.CertFile = "/c.pem"
 		}, "kafka.tls.key_file", "required with kafka.tls.cert_file"},
 		{"batch size", func(c *Config) { c.Pipeline.BatchSize = 0 }, "pipeline.batch_size", "must be positive"},
-		{"max in flight", func(c *Config) { c.Pipeline.MaxInFlight = 499 }, "pipeline.max_in_flight", "at least pipeline.batch_size (500)"},
+		{"max in flight", func(c *Config) { c.Pipeline.MaxInFlight = 999 }, "pipeline.max_in_flight", "at least pipeline.batch_size (1000)"},
 		{"retry order", func(c *Config) { c.Pipeline.RetryMin = time.Minute }, "pipeline.retry_min", "must not exceed pipeline.retry_max (10s)"},
 		{"retry max", func(c *Config) { c.Pipeline.RetryMax = 0 }, "pipeline.retry_max", "must be positive"},
 		{"shutdown grace", func(c *Config) { c.Pipeline.ShutdownGrace = -time.Second }, "pipeline.shutdown_grace", "must be positive"},
