@@ -877,29 +877,41 @@ func dupErr(buf []byte, a, b member) error {
 // two-byte sequences (Latin text) are checked inline.
 func scanRun(in []byte, i int) (j int, ok bool) {
 	n := len(in)
-	for {
-		if i+8 <= n {
-			t := special(binary.LittleEndian.Uint64(in[i:]))
-			if t == 0 {
-				i += 8
+	for i+8 <= n {
+		// Flags below the first '"', '\\' or control byte are exact
+		// (bytes >= 0x80 cause no borrows), so one word serves for all
+		// the sequences in it.
+		t := special(binary.LittleEndian.Uint64(in[i:]))
+		next := i + 8
+		for t != 0 {
+			j := i + bits.TrailingZeros64(t)>>3
+			c := in[j]
+			if c < 0x80 {
+				return j, true
+			}
+			if c >= 0xC2 && c < 0xE0 && j+1 < n && in[j+1]&0xC0 == 0x80 {
+				if j+2 >= next {
+					next = j + 2
+					break
+				}
+				t &= ^uint64(0) << (8 * uint(j+2-i) & 63)
 				continue
 			}
-			i += bits.TrailingZeros64(t) >> 3
-		} else {
-			for i < n && strSafe[in[i]] {
-				i++
+			r, size := utf8.DecodeRune(in[j:])
+			if r == utf8.RuneError && size == 1 {
+				return j, false
 			}
-			if i >= n {
-				return i, true
-			}
+			next = j + size
+			break
 		}
-		c := in[i]
-		if c < 0x80 {
+		i = next
+	}
+	for {
+		for i < n && strSafe[in[i]] {
+			i++
+		}
+		if i >= n || in[i] < 0x80 {
 			return i, true
-		}
-		if c >= 0xC2 && c < 0xE0 && i+1 < n && in[i+1]&0xC0 == 0x80 {
-			i += 2
-			continue
 		}
 		r, size := utf8.DecodeRune(in[i:])
 		if r == utf8.RuneError && size == 1 {
