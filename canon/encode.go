@@ -945,10 +945,32 @@ func str(buf, in []byte, pos int) ([]byte, int, int, error) {
 	k := len(buf)
 	for ok && j < n && in[j] == '\\' {
 		buf = appendRaw(buf, in, i, j)
-		var err error
-		if buf, i, err = escape(buf, in, j); err != nil {
-			break
+		// \uXXXX other than surrogates, inline (non-ASCII text).
+		if j+6 <= n && in[j+1] == 'u' {
+			h := in[j+2 : j+6 : j+6]
+			if a, b, c, d := hexVal[h[0]], hexVal[h[1]], hexVal[h[2]], hexVal[h[3]]; a|b|c|d >= 0 {
+				switch r := rune(a)<<12 | rune(b)<<8 | rune(c)<<4 | rune(d); {
+				case r < 0x80:
+					buf = append(buf, byte(r))
+				case r < 0x800:
+					buf = append(buf, 0xC0|byte(r>>6), 0x80|byte(r)&0x3F)
+				case r < 0xD800 || r >= 0xE000:
+					buf = append(buf, 0xE0|byte(r>>12), 0x80|byte(r>>6)&0x3F, 0x80|byte(r)&0x3F)
+				default:
+					goto esc
+				}
+				i = j + 6
+				goto scan
+			}
 		}
+	esc:
+		{
+			var err error
+			if buf, i, err = escape(buf, in, j); err != nil {
+				break
+			}
+		}
+	scan:
 		j, ok = scanRun(in, i)
 		if ok && j < n && in[j] == '"' {
 			buf = appendRaw(buf, in, i, j)
