@@ -498,7 +498,11 @@ value:
 				s.pslot = int(s.topSlot)
 			}
 			s.pk = 0
-			s.stack = append(s.stack, frame{obj: true, body: int32(len(buf)), mstart: int32(len(s.members)), active: active})
+			// Fill the frame in place: building it on the stack and
+			// copying it costs a store-forwarding stall.
+			s.stack = append(s.stack, frame{})
+			f := &s.stack[len(s.stack)-1]
+			f.obj, f.body, f.mstart, f.active = true, int32(len(buf)), int32(len(s.members)), active
 			goto name
 		}
 		if pos < n && in[pos] == ']' {
@@ -507,12 +511,13 @@ value:
 			break
 		}
 		buf = append(buf, 'a')
-		f := frame{body: int32(len(buf)), elem: int32(len(buf)), active: active}
+		s.stack = append(s.stack, frame{})
+		f := &s.stack[len(s.stack)-1]
+		f.body, f.elem, f.active = int32(len(buf)), int32(len(buf)), active
 		active = 0
 		if f.active != 0 {
-			active, f.ignoreElem = h.matchIndex(f.active, len(s.stack), 0)
+			active, f.ignoreElem = h.matchIndex(f.active, len(s.stack)-1, 0)
 		}
-		s.stack = append(s.stack, f)
 		goto value
 	case 't':
 		if n-pos < 4 || string(in[pos:pos+4]) != "true" {
