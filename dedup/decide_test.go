@@ -332,6 +332,12 @@ func TestResetPruneStats(t *testing.T) {
 	if err != nil || len(stats) != 2 || stats[0].Service != "a" || stats[0].Rows != 3 || stats[0].Oldest.IsZero() {
 		t.Fatalf("Stats: %+v, %v", stats, err)
 	}
+	if n, err := s.Count(ctx, "b"); err != nil || n != 3 {
+		t.Fatalf("Count(b): %d, %v", n, err)
+	}
+	if n, err := s.Count(ctx, "none"); err != nil || n != 0 {
+		t.Fatalf("Count(none): %d, %v", n, err)
+	}
 	if n, err := s.Reset(ctx, "a", []byte("1"), []byte("9")); err != nil || n != 1 {
 		t.Fatalf("Reset one: %d, %v", n, err)
 	}

@@ -127,6 +127,15 @@ func (s *Store) PruneState(ctx context.Context, service string, olderThan time.D
 	}
 }
 
+// Count returns the number of identities of service with a stored state.
+// It reads only that service's part of the primary key, unlike Stats, which
+// reads the whole table.
+func (s *Store) Count(ctx context.Context, service string) (int64, error) {
+	var n int64
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM state WHERE service = $1 AND digest IS NOT NULL`, service).Scan(&n)
+	return n, classify("count", err)
+}
+
 // Stats returns the row count and age range of every service's state.
 func (s *Store) Stats(ctx context.Context) ([]ServiceStats, error) {
 	rows, err := s.pool.Query(ctx, `SELECT service, count(*), min(updated_at), max(updated_at)

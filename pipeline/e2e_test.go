@@ -699,3 +699,31 @@ func TestEntitySources(t *testing.T) {
 	}
 	r.stop()
 }
+
+// TestStateRowsGauge: dam_state_rows counts the identities of this
+// instance's services only, refreshed at start (then every minute).
+func TestStateRowsGauge(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 2, "in.a", "out.a", "in.b", "out.b")
+	dsn := pgtest.DSN(t)
+	store := openStore(t, dsn)
+	both := testConfig(t, kc, dsn, route("a", "in.a", "out.a"), route("b", "in.b", "out.b"))
+	r := start(t, both, store)
+	for i := range 5 {
+		kc.Produce("in.a", rec(fmt.Sprintf("e%d", i), `{"v":1}`), rec(fmt.Sprintf("e%d", i), `{"v":1}`))
+	}
+	kc.Produce("in.b", rec("x", `{"v":1}`), rec("y", `{"v":1}`))
+	r.waitRecords("", 12)
+	r.stop()
+
+	onlyA := testConfig(t, kc, dsn, route("a", "in.a", "out.a"))
+	r = start(t, onlyA, store)
+	waitFor(t, "dam_state_rows{service=a} = 5", func() (bool, string) {
+		got := r.gauge("dam_state_rows", "a")
+		return got == 5, fmt.Sprintf("dam_state_rows{service=a} = %v", got)
+	})
+	if got := r.gauge("dam_state_rows", "b"); got != 0 {
+		t.Errorf("dam_state_rows{service=b} = %v from an instance without service b", got)
+	}
+	r.stop()
+}

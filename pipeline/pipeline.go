@@ -99,6 +99,8 @@ type Pipeline struct {
 	client     *kgo.Client
 	runCtx     context.Context
 	pruneEvery time.Duration
+	// stateRowsEvery is the refresh interval of dam_state_rows.
+	stateRowsEvery time.Duration
 
 	mu      sync.Mutex
 	workers map[string]map[int32]*worker
@@ -116,14 +118,15 @@ type Pipeline struct {
 // It does not connect to anything.
 func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, error) {
 	p := &Pipeline{
-		cfg:        cfg,
-		store:      store,
-		log:        zap.NewNop(),
-		reg:        prometheus.NewRegistry(),
-		routes:     map[string]*route{},
-		workers:    map[string]map[int32]*worker{},
-		pruneEvery: 5 * time.Second,
-		room:       make(chan struct{}, 1),
+		cfg:            cfg,
+		store:          store,
+		log:            zap.NewNop(),
+		reg:            prometheus.NewRegistry(),
+		routes:         map[string]*route{},
+		workers:        map[string]map[int32]*worker{},
+		pruneEvery:     5 * time.Second,
+		stateRowsEvery: time.Minute,
+		room:           make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(p)
@@ -645,17 +648,16 @@ func (p *Pipeline) checkPreserve(ctx context.Context) error {
 	return nil
 }
 
-// stateRowsLoop refreshes dam_state_rows every minute.
+// stateRowsLoop refreshes dam_state_rows every stateRowsEvery, counting
+// only this instance's services (every replica of every adapter's dam runs
+// it, so it must not read the whole table).
 func (p *Pipeline) stateRowsLoop(ctx context.Context) {
-	t := time.NewTicker(time.Minute)
+	t := time.NewTicker(p.stateRowsEvery)
 	defer t.Stop()
 	for {
-		stats, err := p.store.Stats(ctx)
-		if err == nil {
-			for _, s := range stats {
-				if _, ok := p.serviceNames()[s.Service]; ok {
-					p.metrics.stateRows.WithLabelValues(s.Service).Set(float64(s.Rows))
-				}
+		for service := range p.serviceNames() {
+			if n, err := p.store.Count(ctx, service); err == nil {
+				p.metrics.stateRows.WithLabelValues(service).Set(float64(n))
 			}
 		}
 		select {
