@@ -233,6 +233,12 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 
 name:
 	for {
+		if s.pslot != 0 && s.stack[len(s.stack)-1].active == 0 {
+			var after bool
+			if buf, pos, after = s.predicted(buf, in, pos); after {
+				goto after
+			}
+		}
 		if pos >= n || in[pos] != '"' {
 			for pos < n && isWS(in[pos]) {
 				pos++
@@ -611,6 +617,142 @@ after:
 	}
 fail:
 	return err
+}
+
+// predicted parses the members from pos (the opening quote of a name, or
+// not) as long as their names are the predicted ones and their values are
+// scalars. It is the common case (records repeat shapes) in a small
+// function with few live values; the input and the buffer are accessed
+// through 64-byte windows, which needs few bounds checks. It commits only
+// whole members and never errs (an invalid value is left to the general
+// member loop, which finds the error). It returns the buffer, the position
+// and whether a member value just ended at pos (the parse goes on after
+// it); otherwise pos is where the next member starts (after a ',') and the
+// general member loop takes over. Ignore pointers must not apply to the
+// members.
+func (s *state) predicted(buf, in []byte, pos int) ([]byte, int, bool) {
+	sh := &s.shapes[(s.pslot-1)&(len(s.shapes)-1)]
+	pk, shn := s.pk, min(sh.n, maxShape)
+	ms := s.members
+	n := len(in)
+	after := false
+	for pk < shn && pos+64 <= n {
+		start := len(buf)
+		if cap(buf)-start < 64 {
+			break
+		}
+		win := (*[64]byte)(in[pos : pos+64])
+		p := &sh.names[pk&(maxShape-1)]
+		w := binary.LittleEndian.Uint64(win[1:9])
+		if win[0] != '"' || w&p.mask != p.pat {
+			break
+		}
+		l := int(p.len & 7)
+		ob := (*[64]byte)(buf[start : start+64])
+		binary.LittleEndian.PutUint16(ob[0:2], uint16('s')|uint16(l)<<8)
+		binary.LittleEndian.PutUint64(ob[2:10], w)
+		j := l + 3 // the value in win
+		v := l + 2 // the value in ob
+		var e int  // the end of the value in win
+		switch win[j] {
+		case '"':
+			i := j + 1
+			q := i
+			t := special(binary.LittleEndian.Uint64(win[i : i+8]))
+			if t == 0 {
+				q += 8
+				t = special(binary.LittleEndian.Uint64(win[i+8 : i+16]))
+				if t == 0 {
+					q += 8
+					t = special(binary.LittleEndian.Uint64(win[i+16 : i+24]))
+					if t == 0 {
+						q += 8
+						t = special(binary.LittleEndian.Uint64(win[i+24 : i+32]))
+					}
+				}
+			}
+			q += bits.TrailingZeros64(t) >> 3
+			if t != 0 && win[q&63] == '"' {
+				bv := ob[v : v+34]
+				binary.LittleEndian.PutUint16(bv[0:2], uint16('s')|uint16(q-i)<<8)
+				*(*[16]byte)(bv[2:18]) = *(*[16]byte)(win[i : i+16])
+				*(*[16]byte)(bv[18:34]) = *(*[16]byte)(win[i+16 : i+32])
+				v += 2 + q - i
+				e = q + 1
+				break
+			}
+			b, end, _, err := str(buf[:start+v], in, pos+j)
+			if err != nil {
+				goto done
+			}
+			buf = b[:start]
+			v, e = len(b)-start, end-pos
+		case '1', '2', '3', '4', '5', '6', '7', '8', '9':
+			i := j + 1
+			for i < j+17 && isDigit(win[i&63]) {
+				i++
+			}
+			if win[i&63] == '.' && isDigit(win[(i+1)&63]) {
+				for i += 2; i < j+17 && isDigit(win[i&63]); i++ {
+				}
+			}
+			if i-j <= 16 && win[i&63]|0x20 != 'e' && win[i&63] != '.' {
+				bv := ob[v : v+18]
+				binary.LittleEndian.PutUint16(bv[0:2], uint16('d')|uint16(i-j)<<8)
+				binary.LittleEndian.PutUint64(bv[2:10], binary.LittleEndian.Uint64(win[j:j+8]))
+				binary.LittleEndian.PutUint64(bv[10:18], binary.LittleEndian.Uint64(win[j+8:j+16]))
+				v += 2 + i - j
+				e = i
+				break
+			}
+			fallthrough
+		case '-', '0':
+			b, end, err := number(buf[:start+v], in, pos+j)
+			if err != nil {
+				goto done
+			}
+			buf = b[:start]
+			v, e = len(b)-start, end-pos
+		case 't':
+			if binary.LittleEndian.Uint32(win[j:j+4]) != 't'|'r'<<8|'u'<<16|'e'<<24 {
+				goto done
+			}
+			ob[v] = 't'
+			v++
+			e = j + 4
+		case 'f':
+			if binary.LittleEndian.Uint32(win[j+1:j+5]) != 'a'|'l'<<8|'s'<<16|'e'<<24 {
+				goto done
+			}
+			ob[v] = 'f'
+			v++
+			e = j + 5
+		case 'n':
+			if binary.LittleEndian.Uint32(win[j:j+4]) != 'n'|'u'<<8|'l'<<16|'l'<<24 {
+				goto done
+			}
+			ob[v] = 'n'
+			v++
+			e = j + 4
+		default:
+			goto done
+		}
+		buf = buf[:start+v]
+		ms = append(ms, member{})
+		m := &ms[len(ms)-1]
+		m.prefix, m.start, m.key, m.keyEnd, m.end, m.in = sh.prefixes[pk&(maxShape-1)], int32(start), int32(start+2), int32(start+2+l), int32(start+v), int32(pos)
+		pk++
+		pos += e
+		if pos < n && in[pos] == ',' {
+			pos++
+			continue
+		}
+		after = true
+		break
+	}
+done:
+	s.pk, s.members = pk, ms
+	return buf, pos, after
 }
 
 // matchName returns the pointers still active inside member name of a
