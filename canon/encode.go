@@ -631,11 +631,18 @@ fail:
 // general member loop takes over. Ignore pointers must not apply to the
 // members.
 func (s *state) predicted(buf, in []byte, pos int) ([]byte, int, bool) {
-	sh := &s.shapes[(s.pslot-1)&(len(s.shapes)-1)]
-	pk, shn := s.pk, min(sh.n, maxShape)
-	ms := s.members
+	slot := (s.pslot - 1) & (len(s.shapes) - 1)
+	sh := &s.shapes[slot]
+	k0 := s.pk
+	pk, shn := k0, min(sh.n, maxShape)
 	n := len(in)
 	after := false
+	// The members parsed here, from k0: their buffer offsets (each ends
+	// where the next starts; st[pk-k0] is the end of the last) and input
+	// offsets. They become member records only if the object is not
+	// closed here.
+	var st [2 * maxShape]int32
+	var inp [maxShape]int32
 	for pk < shn && pos+64 <= n {
 		start := len(buf)
 		if cap(buf)-start < 64 {
@@ -738,9 +745,8 @@ func (s *state) predicted(buf, in []byte, pos int) ([]byte, int, bool) {
 			goto done
 		}
 		buf = buf[:start+v]
-		ms = append(ms, member{})
-		m := &ms[len(ms)-1]
-		m.prefix, m.start, m.key, m.keyEnd, m.end, m.in = sh.prefixes[pk&(maxShape-1)], int32(start), int32(start+2), int32(start+2+l), int32(start+v), int32(pos)
+		c := (pk - k0) & (maxShape - 1)
+		st[c], inp[c] = int32(start), int32(pos)
 		pk++
 		pos += e
 		if pos < n && in[pos] == ',' {
@@ -748,11 +754,62 @@ func (s *state) predicted(buf, in []byte, pos int) ([]byte, int, bool) {
 			continue
 		}
 		after = true
+		if k0 == 0 && pk == shn && shn >= 2 && pos < n && in[pos] == '}' && len(s.stack) > 1 {
+			// The whole object was parsed here: close it (the hit
+			// path of closeObject, without member records).
+			f := &s.stack[len(s.stack)-1]
+			if !sh.sorted {
+				st[pk&(2*maxShape-1)] = int32(len(buf))
+				buf = s.reorderSpans(buf, int(f.body), &st, &sh.perm, pk)
+			}
+			buf = append(buf, '}')
+			s.stack = s.stack[:len(s.stack)-1]
+			s.stack[len(s.stack)-1].child = uint8(slot + 1)
+			s.pslot, s.pk = 0, 0
+			return buf, pos + 1, true
+		}
 		break
 	}
 done:
-	s.pk, s.members = pk, ms
+	s.pk = pk
+	if cnt := pk - k0; cnt > 0 {
+		st[cnt] = int32(len(buf))
+		for c := range cnt {
+			k := (k0 + c) & (maxShape - 1)
+			s.members = append(s.members, member{})
+			m := &s.members[len(s.members)-1]
+			m.prefix, m.start, m.key, m.keyEnd, m.end, m.in = sh.prefixes[k], st[c], st[c]+2, st[c]+2+int32(sh.names[k].len), st[c+1], inp[c]
+		}
+	}
 	return buf, pos, after
+}
+
+// reorderSpans reorders the n members of the object whose body starts at
+// body, member i spanning buf[st[i]:st[i+1]], into the order perm, through
+// s.tmp. Members up to 32 bytes move as one 32-byte array through spare
+// capacity (never past a capacity); longer ones with memmove.
+func (s *state) reorderSpans(buf []byte, body int, st *[2 * maxShape]int32, perm *[maxShape]uint8, n int) []byte {
+	tmp := s.tmp[:0]
+	if need := len(buf) - body + 32; cap(tmp) < need {
+		tmp = make([]byte, 0, 2*need)
+		s.tmp = tmp
+	}
+	dst, src := tmp[:cap(tmp)], buf[:cap(buf)]
+	d := 0
+	for k := range n {
+		i := perm[k&(maxShape-1)] & (maxShape - 1)
+		a, e := int(st[i]), int(st[i+1])
+		if e-a <= 32 && a+32 <= len(src) && d+32 <= len(dst) {
+			sp, dp := (*[32]byte)(src[a:a+32]), (*[32]byte)(dst[d:d+32])
+			*(*[16]byte)(dp[:]) = *(*[16]byte)(sp[:])
+			*(*[16]byte)(dp[16:]) = *(*[16]byte)(sp[16:])
+			d += e - a
+			continue
+		}
+		d += copy(dst[d:], src[a:e])
+	}
+	copy(buf[body:], dst[:d])
+	return buf
 }
 
 // matchName returns the pointers still active inside member name of a
