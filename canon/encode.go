@@ -688,6 +688,11 @@ func (s *state) predicted(buf, in []byte, pos int) ([]byte, int, bool) {
 				e = q + 1
 				break
 			}
+			if x, o, ok := strWin(win, ob, i, v+2); ok {
+				binary.LittleEndian.PutUint16(ob[v:v+2], uint16('s')|uint16(o-v-2)<<8)
+				v, e = o, x
+				break
+			}
 			b, end, _, err := str(buf[:start+v], in, pos+j)
 			if err != nil {
 				goto done
@@ -782,6 +787,114 @@ done:
 		}
 	}
 	return buf, pos, after
+}
+
+// strWin decodes the string that starts (after its opening quote) at
+// win[x] into ob[o:], if it fits in the windows and holds only ASCII,
+// two- and three-byte UTF-8 sequences and escapes other than surrogates
+// (non-ASCII text). It returns the window offsets after the closing quote
+// and after the decoded bytes; ok is false for anything else (str decodes
+// it, or finds the error). Runs of ASCII move eight bytes at a time.
+func strWin(win, ob *[64]byte, x, o int) (int, int, bool) {
+	for x <= 56 && o <= 56 {
+		w := binary.LittleEndian.Uint64(win[x : x+8])
+		binary.LittleEndian.PutUint64(ob[o:o+8], w)
+		// The word was copied as it is: UTF-8 sequences in it stay so,
+		// only the first '"', '\\' or control byte (or a sequence
+		// running past the word) ends the copied run. Flags below that
+		// byte are exact (bytes >= 0x80 cause no borrows).
+		t := special(w)
+		k := 8
+		for t != 0 {
+			k = bits.TrailingZeros64(t) >> 3
+			c := byte(w >> (8 * uint(k)))
+			if c < 0x80 || k > 6 {
+				break
+			}
+			c1 := byte(w >> (8 * uint(k+1)))
+			if c >= 0xC2 && c < 0xE0 && c1&0xC0 == 0x80 {
+				t &= ^uint64(0) << (8 * uint(k+2))
+				k = 8
+				continue
+			}
+			break
+		}
+		x += k
+		o += k
+		if k == 8 {
+			continue
+		}
+		if x > 56 || o > 56 {
+			break
+		}
+		switch c := win[x]; {
+		case c == '"':
+			return x + 1, o, true
+		case c == '\\':
+			switch win[x+1] {
+			case '"', '\\', '/':
+				ob[o] = win[x+1]
+			case 'b':
+				ob[o] = '\b'
+			case 'f':
+				ob[o] = '\f'
+			case 'n':
+				ob[o] = '\n'
+			case 'r':
+				ob[o] = '\r'
+			case 't':
+				ob[o] = '\t'
+			case 'u':
+				a, b, c, d := hexVal[win[x+2]], hexVal[win[x+3]], hexVal[win[x+4]], hexVal[win[x+5]]
+				if a|b|c|d < 0 {
+					return 0, 0, false
+				}
+				switch r := rune(a)<<12 | rune(b)<<8 | rune(c)<<4 | rune(d); {
+				case r < 0x80:
+					ob[o] = byte(r)
+					o++
+				case r < 0x800:
+					ob[o], ob[o+1] = 0xC0|byte(r>>6), 0x80|byte(r)&0x3F
+					o += 2
+				case r < 0xD800 || r >= 0xE000:
+					ob[o], ob[o+1], ob[o+2] = 0xE0|byte(r>>12), 0x80|byte(r>>6)&0x3F, 0x80|byte(r)&0x3F
+					o += 3
+				default:
+					return 0, 0, false
+				}
+				x += 6
+				continue
+			default:
+				return 0, 0, false
+			}
+			x += 2
+			o++
+		case c >= 0xC2 && c < 0xE0:
+			if win[x+1]&0xC0 != 0x80 {
+				return 0, 0, false
+			}
+			ob[o], ob[o+1] = c, win[x+1]
+			x += 2
+			o += 2
+		case c >= 0xE0 && c < 0xF0:
+			c1, c2 := win[x+1], win[x+2]
+			lo, hi := byte(0x80), byte(0xBF)
+			if c == 0xE0 {
+				lo = 0xA0
+			} else if c == 0xED {
+				hi = 0x9F
+			}
+			if c1 < lo || c1 > hi || c2&0xC0 != 0x80 {
+				return 0, 0, false
+			}
+			ob[o], ob[o+1], ob[o+2] = c, c1, c2
+			x += 3
+			o += 3
+		default:
+			return 0, 0, false
+		}
+	}
+	return 0, 0, false
 }
 
 // reorderSpans reorders the n members of the object whose body starts at
