@@ -62,6 +62,7 @@ type frame struct {
 	index      int32  // arrays: index of the current element
 	active     uint64 // ignore pointers whose tokens match this container's path
 	child      uint8  // shape slot + 1 of the last object closed in this container, or 0
+	first      uint8  // objects: index in state.first of the input after '{', or noFirst
 }
 
 // state is the pooled scratch of one Sum: the encoding, a second buffer
@@ -79,7 +80,17 @@ type state struct {
 	// previous record, for the top-level object).
 	pslot, pk int
 	topSlot   uint8
+
+	// first predicts the shape of an object that is the first one in its
+	// container (no previous object to predict from) by the first four
+	// bytes of its input after the '"' opening its first name: the shape
+	// slot + 1 of the last object that started so, or 0 (also when that
+	// shape's first name cannot be predicted).
+	first [64]uint8
 }
+
+// noFirst marks objects predicted from their container (not by state.first).
+const noFirst = 0xFF
 
 // maxShape is the largest object whose member order is cached.
 const maxShape = 16
@@ -503,12 +514,17 @@ value:
 			} else {
 				s.pslot = int(s.topSlot)
 			}
+			first := uint8(noFirst)
+			if s.pslot == 0 && pos+5 <= n {
+				first = uint8(binary.LittleEndian.Uint32(in[pos+1:pos+5]) * 0x9E3779B1 >> 26)
+				s.pslot = int(s.first[first%uint8(len(s.first))])
+			}
 			s.pk = 0
 			// Fill the frame in place: building it on the stack and
 			// copying it costs a store-forwarding stall.
 			s.stack = append(s.stack, frame{})
 			f := &s.stack[len(s.stack)-1]
-			f.obj, f.body, f.mstart, f.active = true, int32(len(buf)), int32(len(s.members)), active
+			f.obj, f.body, f.mstart, f.active, f.first = true, int32(len(buf)), int32(len(s.members)), active, first
 			goto name
 		}
 		if pos < n && in[pos] == ']' {
@@ -581,6 +597,9 @@ after:
 					goto fail
 				}
 				s.members = s.members[:f.mstart]
+				if f.first != noFirst && slot != 0 && s.shapes[(slot-1)%uint8(len(s.shapes))].names[0].mask != 0 {
+					s.first[f.first%uint8(len(s.first))] = slot
+				}
 				s.stack = s.stack[:len(s.stack)-1]
 				if d := len(s.stack); d > 0 {
 					s.stack[d-1].child = slot
