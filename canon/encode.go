@@ -80,6 +80,7 @@ type state struct {
 	// previous record, for the top-level object).
 	pslot, pk int
 	topSlot   uint8
+	maxDepth  int // the hasher's
 
 	// first predicts the shape of an object that is the first one in its
 	// container (no previous object to predict from) by the first four
@@ -228,6 +229,7 @@ func unexpected(in []byte, pos int, want string) error {
 // name, which leaves it for other values and at the end of the object.
 func (s *state) encode(h *Hasher, in []byte) (err error) {
 	buf := s.buf[:0]
+	s.maxDepth = h.maxDepth
 	s.stack = s.stack[:0]
 	s.members = s.members[:0]
 	// Spare capacity lets appendShort copy without calls; the encoding of
@@ -788,9 +790,25 @@ func (s *state) predicted(buf, in []byte, pos int) ([]byte, int, bool) {
 			}
 			buf = append(buf, '}')
 			s.stack = s.stack[:len(s.stack)-1]
-			s.stack[len(s.stack)-1].child = uint8(slot + 1)
+			a := &s.stack[len(s.stack)-1]
+			a.child = uint8(slot + 1)
+			pos++
+			if !a.obj && a.active == 0 && pos+3 <= n && in[pos] == ',' && in[pos+1] == '{' && in[pos+2] == '"' && len(s.stack) < s.maxDepth {
+				// The next element of an array of records: open it
+				// here (as the general loop would), predicting the
+				// shape of the object just closed.
+				a.index++
+				a.elem = int32(len(buf))
+				buf = append(buf, 'o')
+				s.stack = append(s.stack, frame{})
+				f := &s.stack[len(s.stack)-1]
+				f.obj, f.body, f.mstart, f.first = true, int32(len(buf)), int32(len(s.members)), noFirst
+				pos += 2
+				k0, pk, after = 0, 0, false
+				continue
+			}
 			s.pslot, s.pk = 0, 0
-			return buf, pos + 1, true
+			return buf, pos, true
 		}
 		break
 	}
