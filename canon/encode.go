@@ -82,6 +82,12 @@ type state struct {
 	topSlot   uint8
 	maxDepth  int // the hasher's
 
+	// The members parsed by predicted: buffer offsets (each member ends
+	// where the next starts) and input offsets. In the state, not locals:
+	// locals are zeroed on every call.
+	st  [2 * maxShape]int32
+	inp [maxShape]int32
+
 	// first predicts the shape of an object that is the first one in its
 	// container (no previous object to predict from) by the first four
 	// bytes of its input after the '"' opening its first name: the shape
@@ -520,6 +526,9 @@ value:
 			if s.pslot == 0 && pos+5 <= n {
 				first = uint8(binary.LittleEndian.Uint32(in[pos+1:pos+5]) * 0x9E3779B1 >> 26)
 				s.pslot = int(s.first[first%uint8(len(s.first))])
+			} else if s.pslot != 0 && s.shapes[(s.pslot-1)&(len(s.shapes)-1)].names[0].mask == 0 {
+				// The first name cannot be predicted, so no name can.
+				s.pslot = 0
 			}
 			s.pk = 0
 			// Fill the frame in place: building it on the stack and
@@ -662,8 +671,7 @@ func (s *state) predicted(buf, in []byte, pos int) ([]byte, int, bool) {
 	// where the next starts; st[pk-k0] is the end of the last) and input
 	// offsets. They become member records only if the object is not
 	// closed here.
-	var st [2 * maxShape]int32
-	var inp [maxShape]int32
+	st, inp := &s.st, &s.inp
 	for pk < shn && pos+64 <= n {
 		start := len(buf)
 		if cap(buf)-start < 64 {
@@ -786,7 +794,7 @@ func (s *state) predicted(buf, in []byte, pos int) ([]byte, int, bool) {
 			f := &s.stack[len(s.stack)-1]
 			if !sh.sorted {
 				st[pk&(2*maxShape-1)] = int32(len(buf))
-				buf = s.reorderSpans(buf, int(f.body), &st, &sh.perm, pk)
+				buf = s.reorderSpans(buf, int(f.body), st, &sh.perm, pk)
 			}
 			buf = append(buf, '}')
 			s.stack = s.stack[:len(s.stack)-1]
