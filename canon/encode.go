@@ -91,8 +91,7 @@ type state struct {
 	// first predicts the shape of an object that is the first one in its
 	// container (no previous object to predict from) by the first four
 	// bytes of its input after the '"' opening its first name: the shape
-	// slot + 1 of the last object that started so, or 0 (also when that
-	// shape's first name cannot be predicted).
+	// slot + 1 of the last object that started so, or 0.
 	first [64]uint8
 }
 
@@ -526,7 +525,8 @@ value:
 			if s.pslot == 0 && pos+5 <= n {
 				first = uint8(binary.LittleEndian.Uint32(in[pos+1:pos+5]) * 0x9E3779B1 >> 26)
 				s.pslot = int(s.first[first%uint8(len(s.first))])
-			} else if s.pslot != 0 && s.shapes[(s.pslot-1)&(len(s.shapes)-1)].names[0].mask == 0 {
+			}
+			if s.pslot != 0 && s.shapes[(s.pslot-1)&(len(s.shapes)-1)].names[0].mask == 0 {
 				// The first name cannot be predicted, so no name can.
 				s.pslot = 0
 			}
@@ -608,7 +608,7 @@ after:
 					goto fail
 				}
 				s.members = s.members[:f.mstart]
-				if f.first != noFirst && slot != 0 && s.shapes[(slot-1)%uint8(len(s.shapes))].names[0].mask != 0 {
+				if f.first != noFirst && slot != 0 {
 					s.first[f.first%uint8(len(s.first))] = slot
 				}
 				s.stack = s.stack[:len(s.stack)-1]
