@@ -93,7 +93,7 @@ const (
 		SELECT (SELECT count(*) FROM gone), service, entity FROM chunk ORDER BY service DESC, entity DESC LIMIT 1`
 	pruneFirstService = `service = $1 AND entity >= $2`
 	pruneNextService  = `service = $1 AND entity > $2`
-	pruneFirstAll     = `service >= $1 AND $2::bytea IS NOT NULL`
+	pruneFirstAll     = `(service, entity) >= ($1, $2)` // from ('', ''): every row
 	pruneNextAll      = `(service, entity) > ($1, $2)`
 )
 

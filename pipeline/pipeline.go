@@ -99,8 +99,6 @@ type Pipeline struct {
 	client     *kgo.Client
 	runCtx     context.Context
 	pruneEvery time.Duration
-	// stateRowsEvery is the refresh interval of dam_state_rows.
-	stateRowsEvery time.Duration
 
 	mu      sync.Mutex
 	workers map[string]map[int32]*worker
@@ -118,15 +116,14 @@ type Pipeline struct {
 // It does not connect to anything.
 func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, error) {
 	p := &Pipeline{
-		cfg:            cfg,
-		store:          store,
-		log:            zap.NewNop(),
-		reg:            prometheus.NewRegistry(),
-		routes:         map[string]*route{},
-		workers:        map[string]map[int32]*worker{},
-		pruneEvery:     5 * time.Second,
-		stateRowsEvery: time.Minute,
-		room:           make(chan struct{}, 1),
+		cfg:        cfg,
+		store:      store,
+		log:        zap.NewNop(),
+		reg:        prometheus.NewRegistry(),
+		routes:     map[string]*route{},
+		workers:    map[string]map[int32]*worker{},
+		pruneEvery: 5 * time.Second,
+		room:       make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(p)
@@ -317,8 +314,8 @@ func (p *Pipeline) waitForRoom(ctx context.Context) {
 // per assigned partition or more. The budget is shared rather than per
 // partition: a fetch brings a run of one partition at a time, and stopping
 // every poll while one partition's queue is full left the others idle
-// (throughput fell tenfold with max_in_flight at 4 polls). Memory stays
-// bounded by the total: budget plus one poll.
+// (throughput fell tenfold with max_in_flight equal to one poll's records).
+// Memory stays bounded by the total: budget plus one poll.
 func (p *Pipeline) overBudget() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -648,11 +645,14 @@ func (p *Pipeline) checkPreserve(ctx context.Context) error {
 	return nil
 }
 
+// stateRowsEvery is the refresh interval of dam_state_rows.
+const stateRowsEvery = time.Minute
+
 // stateRowsLoop refreshes dam_state_rows every stateRowsEvery, counting
 // only this instance's services (every replica of every adapter's dam runs
 // it, so it must not read the whole table).
 func (p *Pipeline) stateRowsLoop(ctx context.Context) {
-	t := time.NewTicker(p.stateRowsEvery)
+	t := time.NewTicker(stateRowsEvery)
 	defer t.Stop()
 	for {
 		for service := range p.serviceNames() {
