@@ -92,6 +92,23 @@ func (s *Store) Logged(ctx context.Context, p Partition, from, to int64) (entrie
 	return entries, reached >= to, nil
 }
 
+// LogStart returns the first offset of p's decision log (the lowest logged
+// batch start), or ok false when p has no log rows. Recovery uses it when
+// Kafka has no committed offset for p (it expired): the log still holds
+// every decision not yet known delivered, from there.
+func (s *Store) LogStart(ctx context.Context, p Partition) (first int64, ok bool, err error) {
+	var f *int64
+	err = s.pool.QueryRow(ctx, `SELECT min(first_offset) FROM decision_log WHERE grp = $1 AND topic = $2 AND part = $3`,
+		p.Group, p.Topic, p.Partition).Scan(&f)
+	if err != nil {
+		return 0, false, classify("log start", err)
+	}
+	if f == nil {
+		return 0, false, nil
+	}
+	return *f, true, nil
+}
+
 // PruneLog deletes p's logged batches that end at or below below (Kafka's
 // committed offset C: those decisions are delivered) and returns how many.
 func (s *Store) PruneLog(ctx context.Context, p Partition, below int64) (int64, error) {

@@ -137,6 +137,14 @@ func classify(op string, err error) error {
 	return fmt.Errorf("dedup: %s: %w", op, err)
 }
 
+// Transient reports whether err is one that retrying may fix: a lost or
+// refused connection, a timeout, a server shutting down or out of
+// resources, a lock or deadlock abort. Any other error (a wrong password, a
+// missing table, a broken migration) needs a person.
+func Transient(err error) bool {
+	return err != nil && (errors.Is(err, ErrUnavailable) || retryable(err))
+}
+
 func retryable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
