@@ -178,7 +178,11 @@ type Route struct {
 	OnStoreFailure string `koanf:"on_store_failure"`
 	// MaxDepth is the maximum JSON nesting depth. Default 128.
 	MaxDepth int `koanf:"max_depth"`
-	// MaxSize is the maximum value size in bytes. Default 1048576 (1 MiB).
+	// MaxSize is the maximum value size in bytes. Default 1047552 (1 MiB
+	// less 1 KiB): the largest value that fits in a record of Kafka's
+	// default max.message.bytes (1048588) with 1 KiB left for the key,
+	// headers and framing. At start it is checked against the output
+	// topic's max.message.bytes.
 	MaxSize int `koanf:"max_size"`
 
 	// entity is Entity parsed by Validate.
@@ -238,6 +242,11 @@ func Default() Config {
 	}
 }
 
+// DefaultMaxSize is the default routes[].max_size: 1 MiB less 1 KiB, so
+// that a value of that size still fits, with its key and headers, in a
+// record of Kafka's default max.message.bytes (1048588 bytes).
+const DefaultMaxSize = 1<<20 - 1<<10
+
 // DefaultRoute returns a route with every default set and no service or
 // topics. Load starts each route of the file from it.
 func DefaultRoute() Route {
@@ -248,7 +257,7 @@ func DefaultRoute() Route {
 		Partitioning:   PartitioningKey,
 		OnStoreFailure: OnStoreFailurePause,
 		MaxDepth:       128,
-		MaxSize:        1 << 20,
+		MaxSize:        DefaultMaxSize,
 	}
 }
 

@@ -160,6 +160,7 @@ func TestValidateErrors(t *testing.T) {
 		{"retry order", func(c *Config) { c.Pipeline.RetryMin = time.Minute }, "pipeline.retry_min", "must not exceed pipeline.retry_max (10s)"},
 		{"retry max", func(c *Config) { c.Pipeline.RetryMax = 0 }, "pipeline.retry_max", "must be positive"},
 		{"shutdown grace", func(c *Config) { c.Pipeline.ShutdownGrace = -time.Second }, "pipeline.shutdown_grace", "must be positive"},
+		{"grace above rebalance", func(c *Config) { c.Pipeline.ShutdownGrace = time.Minute }, "pipeline.shutdown_grace", "must be below kafka.rebalance_timeout"},
 		{"session timeout", func(c *Config) { c.Kafka.SessionTimeout = 0 }, "kafka.session_timeout", "must be positive"},
 		{"rebalance timeout", func(c *Config) { c.Kafka.RebalanceTimeout = 0 }, "kafka.rebalance_timeout", "must be positive"},
 		{"statement timeout", func(c *Config) { c.Postgres.StatementTimeout = 0 }, "postgres.statement_timeout", "must be positive"},
@@ -256,7 +257,7 @@ func TestLoadExample(t *testing.T) {
 		t.Fatalf("routes %+v", c.Routes)
 	}
 	r0, r1 := c.Routes[0], c.Routes[1]
-	if r0.DeadLetter != "delivery.customer-2.dlq" || !reflect.DeepEqual(r0.Ignore, []string{"/updated_at", "/items/*/ts"}) || r0.MaxSize != 1<<20 {
+	if r0.DeadLetter != "delivery.customer-2.dlq" || !reflect.DeepEqual(r0.Ignore, []string{"/updated_at", "/items/*/ts"}) || r0.MaxSize != 1047552 {
 		t.Fatalf("route 0 %+v", r0)
 	}
 	if got := r1.EntitySource(); got != (EntitySource{Kind: EntityHeader, Header: "Entity-Id"}) {

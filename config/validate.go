@@ -156,6 +156,12 @@ func (c *Config) validate() []*Error {
 		v.addf("pipeline.max_in_flight", "%d must be at least pipeline.batch_size (%d)", pl.MaxInFlight, pl.BatchSize)
 	}
 	v.positive("pipeline.shutdown_grace", pl.ShutdownGrace)
+	if pl.ShutdownGrace > 0 && k.RebalanceTimeout > 0 && pl.ShutdownGrace >= k.RebalanceTimeout {
+		// A revoked partition finishes within the grace period before it is
+		// released; a member that takes longer than the rebalance timeout
+		// is expelled, and its partitions move while it still delivers.
+		v.addf("pipeline.shutdown_grace", "%s must be below kafka.rebalance_timeout (%s)", pl.ShutdownGrace, k.RebalanceTimeout)
+	}
 	v.positive("pipeline.retry_min", pl.RetryMin)
 	v.positive("pipeline.retry_max", pl.RetryMax)
 	if pl.RetryMin > 0 && pl.RetryMax > 0 && pl.RetryMin > pl.RetryMax {

@@ -45,7 +45,7 @@ func TestConfigPrintsRedacted(t *testing.T) {
 		"password: xxxxx\n",
 		"ignore: [/updated_at]\n",
 		"session_timeout: 45s\n",
-		"max_size: 1048576\n",
+		"max_size: 1047552\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
