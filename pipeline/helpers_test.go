@@ -47,7 +47,7 @@ func testConfig(t *testing.T, kc *testkafka.Cluster, dsn string, routes ...confi
 	cfg.Postgres.LockTimeout = 2 * time.Second
 	cfg.Postgres.IdleInTransactionTimeout = 5 * time.Second
 	cfg.HTTP.Listen = ""
-	cfg.Pipeline.ShutdownGrace = 15 * time.Second
+	cfg.Pipeline.ShutdownGrace = 8 * time.Second
 	cfg.Pipeline.RetryMax = time.Second
 	cfg.Routes = routes
 	return cfg

@@ -5,18 +5,32 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
-// Outcomes counted by dam_records_total.
+// outcome is what happened to an input record, the label of
+// dam_records_total.
+type outcome uint8
+
+// The outcomes.
 const (
-	outcomeForwarded = "forwarded" // changed content, delivered
-	outcomeDuplicate = "duplicate" // same content as last forwarded: dropped (or marked, in shadow mode)
-	outcomeInvalid   = "invalid"   // bad input: dead-lettered (or halted the partition)
-	outcomeRebuilt   = "rebuilt"   // re-delivered from the decision log during recovery
-	outcomeCaughtUp  = "caught_up" // decided without forwarding to catch the state up to Kafka's offset
-	outcomeUndecided = "undecided" // forwarded undecided while the store was down (on_store_failure: forward)
+	outcomeForwarded outcome = iota // changed content, delivered
+	outcomeDuplicate                // same content as last forwarded: dropped (or marked, in shadow mode)
+	outcomeInvalid                  // bad input: dead-lettered (or halted the partition)
+	outcomeRefused                  // refused by Kafka for good: dead-lettered without its value
+	outcomeRebuilt                  // re-delivered from the decision log during recovery
+	outcomeCaughtUp                 // decided without forwarding to catch the state up to Kafka's offset
+	outcomeUndecided                // forwarded undecided while the store was down (on_store_failure: forward)
+	numOutcomes
 )
+
+var outcomeNames = [numOutcomes]string{"forwarded", "duplicate", "invalid", "refused", "rebuilt", "caught_up", "undecided"}
+
+func (o outcome) String() string { return outcomeNames[o] }
+
+// outcomes counts records per outcome.
+type outcomes [numOutcomes]int
 
 type metrics struct {
 	records       *prometheus.CounterVec
+	deadLetters   *prometheus.CounterVec
 	decideSeconds *prometheus.HistogramVec
 	batchRecords  *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
@@ -32,8 +46,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return &metrics{
 		records: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dam_records_total",
-			Help: "Input records by service and outcome (forwarded, duplicate, invalid, rebuilt, caught_up, undecided).",
+			Help: "Input records by service and outcome (forwarded, duplicate, invalid, refused, rebuilt, caught_up, undecided).",
 		}, []string{"service", "outcome"}),
+		deadLetters: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dam_dead_letters_total",
+			Help: "Records delivered to the dead-letter topic, by reason: invalid (bad input) or refused (refused by Kafka for good, value dropped).",
+		}, []string{"service", "reason"}),
 		decideSeconds: f.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "dam_decision_seconds",
 			Help:    "Duration of one batch's decide transaction in PostgreSQL.",
@@ -79,7 +97,7 @@ type haltedCollector struct {
 	desc *prometheus.Desc
 }
 
-func newHaltedCollector(p *Pipeline) *haltedCollector {
+func newHaltedCollector(p *Pipeline) prometheus.Collector {
 	return &haltedCollector{p: p, desc: prometheus.NewDesc("dam_halted",
 		"Partitions not making progress: paused by a PostgreSQL or Kafka outage (retrying) or halted on bad input without a dead-letter topic.",
 		[]string{"service"}, nil)}

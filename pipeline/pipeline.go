@@ -1,38 +1,46 @@
-// Package pipeline is dam's Kafka loop: it consumes every route's projection
-// topic in a consumer group, decides each partition's records in offset
-// order through package dedup, delivers the records that changed (and dead
-// letters) with acks=all and the idempotent producer, and commits offsets
-// only after every ack: the delivery protocol of DESIGN §2, in
-// at-least-once mode.
+// Package pipeline is dam's Kafka loop: it consumes every route's
+// projection topic in a consumer group, decides each partition's records in
+// offset order through package dedup, delivers the records that changed
+// (and dead letters) with acks=all and the idempotent producer, and commits
+// offsets only after every ack: the delivery protocol of DESIGN §2, in
+// at-least-once mode. One file per protocol step:
+//
+//   - recover.go: when partitions are assigned, fence the previous owner,
+//     compare Kafka's committed offset C with PostgreSQL's progress P, and
+//     replay or catch up (the plan); the replay itself;
+//   - decide.go: batches decided in one transaction each, outcomes of lost
+//     replies resolved, batches forwarded undecided written back;
+//   - deliver.go: produce, wait for the acks, commit; records Kafka refuses
+//     for good dead-lettered without their value; ownership checked after
+//     a pause;
+//   - queue.go: per-partition queues and the shared polling budget
+//     (backpressure);
+//   - health.go: readiness, dam_halted, broker and PostgreSQL probes;
+//   - worker.go: a partition's two goroutines and their lifecycle;
+//   - errors.go: the sentinel errors.
 //
 // Each assigned partition has a worker: a decider goroutine and a deliverer
 // goroutine, so batch n+1 is decided while batch n is delivered, deliveries
-// stay in order, and partitions proceed in parallel. Recovery runs when a
-// partition is assigned (in franz-go's AdjustFetchOffsetsFn, which sees
-// Kafka's committed offset C before fetching starts) and compares C with
-// PostgreSQL's progress P:
+// stay in order, and partitions proceed in parallel. A revoked partition
+// finishes (delivers and commits what it decided) or is stopped hard before
+// it is released, in every state, shutdown included.
 //
-//   - C = P, or no C: continue from P.
-//   - C < P and the decision log covers [C, P): re-read [C, P) and deliver
-//     exactly what the log marks forwarded, then continue from P.
-//   - C < P without a log (offsets moved back by hand): continue from P.
-//   - C > P (offsets moved forward, or state restored from a backup): decide
-//     [P, C) without forwarding, then continue from C.
-//   - Neither: start at kafka.start (latest or earliest).
-//
-// Failures pause, never guess: while PostgreSQL or Kafka is unreachable, the
-// affected partitions retry with capped exponential backoff, report
-// dam_halted and not-ready, and resume exactly where they stopped.
+// Failures pause, never guess: while PostgreSQL or Kafka is unreachable,
+// the affected partitions retry with capped exponential backoff, report
+// dam_halted and not-ready, and resume exactly where they stopped. What no
+// retry can fix halts its partition alone, with an error naming topic,
+// partition and offset.
 //
 // Metrics (all on the Registerer given to New):
 //
-//	dam_records_total{service,outcome}        forwarded, duplicate, invalid, rebuilt, caught_up, undecided
+//	dam_records_total{service,outcome}        forwarded, duplicate, invalid, refused, rebuilt, caught_up, undecided
+//	dam_dead_letters_total{service,reason}    dead letters delivered: invalid (bad input), refused (by Kafka, value dropped)
 //	dam_decision_seconds{service}             decide transaction latency
 //	dam_batch_records{service}                records per decided batch
 //	dam_poll_to_commit_seconds{service}       poll of a batch to its offset commit
 //	dam_store_errors_total{service}           PostgreSQL errors (retried)
 //	dam_delivery_errors_total{service}        Kafka produce/commit errors (retried)
-//	dam_halted{service}                       partitions paused by an outage or halted on bad input
+//	dam_halted{service}                       partitions paused by an outage or halted
 //	dam_consumer_lag{service,partition}       high watermark minus next offset
 //	dam_partitions_assigned{service}          partitions owned by this instance
 //	dam_state_rows{service}                   identities with stored state
@@ -43,31 +51,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/plugin/kprom"
 	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
-)
-
-// Sentinel errors.
-var (
-	// ErrNotReady is wrapped by Ready while the pipeline cannot make
-	// progress: not yet consuming, or a partition paused or halted.
-	ErrNotReady = errors.New("pipeline: not ready")
-	// ErrUnsupported is returned by New for configuration this version
-	// does not run (exactly-once delivery).
-	ErrUnsupported = errors.New("pipeline: unsupported configuration")
+	"github.com/dam-dedup/dam/internal/retry"
 )
 
 // Option configures a Pipeline.
@@ -76,7 +75,8 @@ type Option func(*Pipeline)
 // WithLogger sets the logger (default: a no-op logger).
 func WithLogger(l *zap.Logger) Option { return func(p *Pipeline) { p.log = l } }
 
-// WithRegisterer sets where metrics are registered (default: none kept).
+// WithRegisterer sets where metrics are registered (default: a registry of
+// its own, not exposed).
 func WithRegisterer(r prometheus.Registerer) Option { return func(p *Pipeline) { p.reg = r } }
 
 // WithKafkaOptions appends franz-go client options (tests and the demo use
@@ -95,71 +95,92 @@ type Pipeline struct {
 	kopts   []kgo.Opt
 	metrics *metrics
 	routes  map[string]*route // by input topic
+	retry   retry.Policy
+	deps    *deps
+	limits  batchLimits
 
-	client     *kgo.Client
-	runCtx     context.Context
-	pruneEvery time.Duration
+	client *kgo.Client
+	// base is the parent of the workers' contexts: Run's context without
+	// its cancellation (a stop finishes the batches in flight; each worker
+	// cancels its own on a hard stop).
+	base context.Context
 
-	mu      sync.Mutex
-	workers map[string]map[int32]*worker
-	started bool // the group has been joined at least once
-	stopped bool
-	// room is signalled when the queued records may have dropped below the
-	// budget: the poll loop waits on it while the budget is used up.
-	room chan struct{}
-	// brokerErr is set while no broker answers the health probe: every
-	// partition is then paused, busy or idle.
-	brokerErr error
+	mu       sync.Mutex
+	workers  map[string]map[int32]*worker
+	joined   bool // the group has been joined at least once
+	stopping bool
+
+	probes probes
 }
 
-// New validates what the configuration asks of the pipeline and builds it.
-// It does not connect to anything.
+// New validates the configuration (as config.Validate does: a Config built
+// in code gets the same checks and parsing as one loaded from a file) and
+// builds the pipeline. It does not connect to anything.
 func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if cfg.Kafka.Delivery == config.DeliveryExactlyOnce {
+		return nil, fmt.Errorf("%w: kafka.delivery: exactly-once is not available in this version; use at-least-once", ErrUnsupported)
+	}
 	p := &Pipeline{
-		cfg:        cfg,
-		store:      store,
-		log:        zap.NewNop(),
-		reg:        prometheus.NewRegistry(),
-		routes:     map[string]*route{},
-		workers:    map[string]map[int32]*worker{},
-		pruneEvery: 5 * time.Second,
-		room:       make(chan struct{}, 1),
+		cfg:     cfg,
+		store:   store,
+		log:     zap.NewNop(),
+		reg:     prometheus.NewRegistry(),
+		routes:  map[string]*route{},
+		workers: map[string]map[int32]*worker{},
+		retry:   retry.Policy{Min: cfg.Pipeline.RetryMin, Max: cfg.Pipeline.RetryMax},
 	}
 	for _, o := range opts {
 		o(p)
 	}
-	if cfg.Kafka.Delivery == "exactly-once" {
-		return nil, fmt.Errorf("%w: kafka.delivery: exactly-once is not available in this version; use at-least-once", ErrUnsupported)
-	}
 	for i, rc := range cfg.Routes {
 		rt, err := compileRoute(rc)
 		if err != nil {
-			return nil, fmt.Errorf("routes[%d]: %w", i, err)
+			return nil, fmt.Errorf("%w: routes[%d]: %w", ErrConfig, i, err)
 		}
+		rt.index = i
 		p.routes[rt.from] = rt
 	}
 	p.metrics = newMetrics(p.reg)
 	if err := p.reg.Register(newHaltedCollector(p)); err != nil {
 		return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
 	}
+	p.deps = &deps{
+		store:   store,
+		metrics: p.metrics,
+		budget:  newBudget(cfg.Pipeline.MaxInFlight),
+		set: settings{
+			group:      cfg.Kafka.Group,
+			batchSize:  cfg.Pipeline.BatchSize,
+			grace:      cfg.Pipeline.ShutdownGrace,
+			retry:      p.retry,
+			lease:      ownershipLease(cfg.Kafka.SessionTimeout),
+			pruneEvery: 5 * time.Second,
+		},
+	}
 	return p, nil
+}
+
+// heartbeatInterval is franz-go's default group heartbeat interval.
+const heartbeatInterval = 3 * time.Second
+
+// ownershipLease is how long a proof of owning a partition is trusted: the
+// group coordinator gives a silent member's partitions away a session
+// timeout after its last heartbeat, which was at most a heartbeat interval
+// before the proof; half of what is left keeps a margin.
+func ownershipLease(session time.Duration) time.Duration {
+	return max(session-heartbeatInterval, session/2) / 2
 }
 
 // fetchMaxBytes bounds one fetch response. Kafka still returns a record
 // batch larger than this on its own, so it never stalls a partition.
 const fetchMaxBytes = 4 << 20
 
-func (p *Pipeline) clientOptions() []kgo.Opt {
-	var topics []string
-	var routes []*route
-	for t, r := range p.routes {
-		topics = append(topics, t)
-		routes = append(routes, r)
-	}
-	start := kgo.NewOffset().AtEnd()
-	if p.cfg.Kafka.Start == "earliest" {
-		start = kgo.NewOffset().AtStart()
-	}
+func (p *Pipeline) clientOptions() ([]kgo.Opt, error) {
+	topics := slices.Sorted(maps.Keys(p.routes))
+	routes := slices.Collect(maps.Values(p.routes))
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(p.cfg.Kafka.Brokers...),
 		kgo.ClientID(p.cfg.Kafka.ClientID),
@@ -171,12 +192,14 @@ func (p *Pipeline) clientOptions() []kgo.Opt {
 		kgo.ConsumeTopics(topics...),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
+		// (franz-go fetches committed offsets require-stable, always.)
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.SessionTimeout(p.cfg.Kafka.SessionTimeout),
 		kgo.RebalanceTimeout(p.cfg.Kafka.RebalanceTimeout),
-		kgo.ConsumeStartOffset(start),
-		// A committed offset that fell below the log start resumes at the
-		// log start: every record that still exists is decided.
+		// Recovery sets every assigned partition's offset; these apply
+		// only when a committed offset fell below the log start (retention):
+		// resume at the log start, so every record that still exists is
+		// read.
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		// One fetch is buffered while the workers are busy, decompressed,
 		// on top of the max_in_flight budget: franz-go's default (50 MiB)
@@ -187,43 +210,51 @@ func (p *Pipeline) clientOptions() []kgo.Opt {
 		kgo.OnPartitionsRevoked(p.onRevoked),
 		kgo.OnPartitionsLost(p.onLost),
 		// Producer: acks=all and idempotence (franz-go's defaults, stated),
-		// records partitioned by key with murmur2 or preserved.
+		// records partitioned by key with murmur2 or preserved, batches
+		// bounded by each output topic's max.message.bytes.
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(newPartitioner(routes)),
 		kgo.ProducerLinger(0),
+		kgo.ProducerBatchMaxBytesFn(p.limits.get),
 		kgo.MaxBufferedRecords(max(p.cfg.Pipeline.MaxInFlight*2, 10000)),
 	}
-	if tlsOpt, err := tlsOption(p.cfg.Kafka.TLS); err == nil && tlsOpt != nil {
+	tlsOpt, err := tlsOption(p.cfg.Kafka.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if tlsOpt != nil {
 		opts = append(opts, tlsOpt)
 	}
 	if sasl := saslOption(p.cfg.Kafka.SASL); sasl != nil {
 		opts = append(opts, sasl)
 	}
-	return append(opts, p.kopts...)
+	return append(opts, p.kopts...), nil
 }
 
-// Run consumes until ctx is canceled, then finishes the batches in flight,
-// commits, leaves the group and returns nil. It returns an error only when
-// it cannot start (bad TLS files, a preserve route whose output has fewer
-// partitions than its input).
+// Run consumes until ctx is canceled, then finishes the batches in flight
+// (within pipeline.shutdown_grace), commits, leaves the group and returns
+// nil. It returns an error only when it cannot start: the TLS files, or a
+// configuration the cluster contradicts (ErrConfig).
 func (p *Pipeline) Run(ctx context.Context) error {
-	if _, err := tlsOption(p.cfg.Kafka.TLS); err != nil {
+	opts, err := p.clientOptions()
+	if err != nil {
 		return err
 	}
-	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelRun()
-	p.runCtx = runCtx
-	cl, err := kgo.NewClient(p.clientOptions()...)
+	p.base = context.WithoutCancel(ctx)
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("pipeline: kafka client: %w", err)
 	}
-	p.client = cl
-	if err := p.checkPreserve(ctx); err != nil {
+	p.client, p.deps.client = cl, cl
+	if err := p.checkCluster(ctx); err != nil {
 		cl.Close()
 		return err
 	}
-	go p.stateRowsLoop(runCtx)
-	go p.brokerProbeLoop(runCtx)
+	bgCtx, stopBg := context.WithCancel(p.base)
+	var bg sync.WaitGroup
+	bg.Add(2)
+	go func() { defer bg.Done(); p.probeLoop(bgCtx) }()
+	go func() { defer bg.Done(); p.stateRowsLoop(bgCtx) }()
 	p.log.Info("consuming", zap.String("group", p.cfg.Kafka.Group), zap.Int("routes", len(p.routes)))
 
 	maxPoll := p.cfg.Pipeline.BatchSize * 4
@@ -232,19 +263,14 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		// records each on average. (Not franz-go's per-partition pause: a
 		// partition paused when revoked was seen never to fetch again once
 		// reassigned.)
-		p.waitForRoom(ctx)
+		p.deps.budget.wait(ctx)
 		fetches := cl.PollRecords(ctx, maxPoll)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			cl.AllowRebalance()
 			break
 		}
 		now := time.Now()
-		fetches.EachError(func(t string, part int32, err error) {
-			if errors.Is(err, context.Canceled) {
-				return
-			}
-			p.log.Warn("fetch error (the client retries)", zap.String("topic", t), zap.Int32("partition", part), zap.Error(err))
-		})
+		fetches.EachError(p.fetchError)
 		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
 			if len(ftp.Records) == 0 {
 				return
@@ -255,86 +281,64 @@ func (p *Pipeline) Run(ctx context.Context) error {
 				// next owner reads these from its committed offset.
 				return
 			}
-			w.push(ftp.Records, now)
+			w.q.push(ftp.Records, now)
 			last := ftp.Records[len(ftp.Records)-1].Offset
 			p.metrics.lag.WithLabelValues(w.rt.service, w.label).Set(float64(ftp.HighWatermark - last - 1))
 		})
 		cl.AllowRebalance()
 	}
 	p.shutdown()
+	stopBg()
+	bg.Wait()
+	cl.Close() // leaves the group; the partitions are already finished
+	p.log.Info("stopped")
 	return nil
 }
 
+// fetchError handles a fetch error of one partition: data loss halts it
+// (the input was recreated or truncated under dam: never skip, never read
+// again silently); the client retries everything else.
+func (p *Pipeline) fetchError(topic string, part int32, err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	var dl *kgo.ErrDataLoss
+	if errors.As(err, &dl) {
+		if w := p.worker(topic, part); w != nil {
+			w.park(fmt.Errorf("%w: %s/%d: %v; the partition halts (was the topic recreated or truncated?): reset its progress deliberately to go on",
+				ErrDataLoss, topic, part, dl))
+		}
+		return
+	}
+	p.log.Warn("fetch error (the client retries)", zap.String("topic", topic), zap.Int32("partition", part), zap.Error(err))
+}
+
 // shutdown stops every worker, letting each deliver and commit what it has
-// decided within the grace period, then leaves the group.
+// decided within the grace period. The workers stay registered until they
+// are revoked: a revocation that comes meanwhile (a rolling deploy) waits
+// for the same stop instead of releasing a partition still producing.
 func (p *Pipeline) shutdown() {
 	p.mu.Lock()
-	p.stopped = true
+	p.stopping = true
 	var ws []*worker
 	for _, parts := range p.workers {
 		for _, w := range parts {
 			ws = append(ws, w)
 		}
 	}
-	p.workers = map[string]map[int32]*worker{}
 	p.mu.Unlock()
-	p.log.Info("shutting down: finishing the batches in flight", zap.Int("partitions", len(ws)))
-	p.stopWorkers(ws, true)
-	p.client.Close() // leaves the group
-	p.log.Info("stopped")
+	p.log.Info("shutting down: finishing the batches in flight", zap.Int("partitions", len(ws)), zap.Duration("grace", p.cfg.Pipeline.ShutdownGrace))
+	stopAll(ws, true)
 }
 
-func (p *Pipeline) stopWorkers(ws []*worker, finish bool) {
+// stopAll stops workers in parallel and returns once all have stopped.
+func stopAll(ws []*worker, finish bool) {
 	var wg sync.WaitGroup
 	for _, w := range ws {
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.stop(finish, p.cfg.Pipeline.ShutdownGrace)
-			p.metrics.assigned.WithLabelValues(w.rt.service).Dec()
-		}()
+		go func() { defer wg.Done(); w.stop(finish) }()
 	}
 	wg.Wait()
-}
-
-// waitForRoom blocks while the budget of queued records is used up, until
-// ctx ends.
-func (p *Pipeline) waitForRoom(ctx context.Context) {
-	for p.overBudget() {
-		select {
-		case <-p.room:
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second): // a signal missed is only a delay
-		}
-	}
-}
-
-// overBudget reports whether the workers' queues hold max_in_flight records
-// per assigned partition or more. The budget is shared rather than per
-// partition: a fetch brings a run of one partition at a time, and stopping
-// every poll while one partition's queue is full left the others idle
-// (throughput fell tenfold with max_in_flight equal to one poll's records).
-// Memory stays bounded by the total: budget plus one poll.
-func (p *Pipeline) overBudget() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n, queued := 0, 0
-	for _, parts := range p.workers {
-		for _, w := range parts {
-			n++
-			queued += w.queued()
-		}
-	}
-	return n > 0 && queued >= n*p.cfg.Pipeline.MaxInFlight
-}
-
-// roomMaybe wakes the poll loop if it waits for room.
-func (p *Pipeline) roomMaybe() {
-	select {
-	case p.room <- struct{}{}:
-	default:
-	}
 }
 
 func (p *Pipeline) worker(topic string, part int32) *worker {
@@ -343,144 +347,87 @@ func (p *Pipeline) worker(topic string, part int32) *worker {
 	return p.workers[topic][part]
 }
 
+func (p *Pipeline) dpart(rt *route, part int32) dedup.Partition {
+	return dedup.Partition{Group: p.cfg.Kafka.Group, Topic: rt.from, Partition: part}
+}
+
 // onJoined marks the group joined. franz-go calls it after every join, even
 // with nothing assigned: an instance with no partition (more replicas than
 // partitions) is a ready standby.
 func (p *Pipeline) onJoined(context.Context, *kgo.Client, map[string][]int32) {
 	p.mu.Lock()
-	p.started = true
+	p.joined = true
 	p.mu.Unlock()
 }
 
-// onAssigned is recovery (DESIGN §2) for newly assigned partitions: it
-// fences any previous owner by bumping the epoch, compares Kafka's committed
-// offset C with PostgreSQL's progress P, starts a worker with the resulting
-// plan and tells franz-go where to start fetching. It retries PostgreSQL
-// until it answers (the partitions stay unfetched meanwhile: pause, not
-// guess) or the group session ends.
+// onAssigned runs recovery (recover.go) for newly assigned partitions,
+// starts their workers and tells franz-go where to start fetching.
 func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	var started []*worker
+	fail := func(err error) (map[string]map[int32]kgo.Offset, error) {
+		stopAll(started, false)
+		p.unregister(started)
+		return nil, err
+	}
 	for topic, parts := range offsets {
 		rt := p.routes[topic]
 		if rt == nil {
 			continue
 		}
-		for part, off := range parts {
-			c := off.EpochOffset().Offset
-			pl, start, err := p.recover(ctx, rt, part, c)
-			if err != nil {
-				p.stopWorkers(started, false)
-				p.unregister(started)
-				return nil, err
-			}
-			w := newWorker(p, rt, part, pl)
+		recovered, err := p.recoverPartitions(ctx, rt, slices.Sorted(maps.Keys(parts)))
+		if err != nil {
+			return fail(err)
+		}
+		for part, r := range recovered {
+			w := newWorker(p.base, p.deps, rt, part, r,
+				p.log.With(zap.String("service", rt.service), zap.String("topic", rt.from), zap.Int32("partition", part)))
 			p.mu.Lock()
-			if p.stopped {
+			if p.stopping {
 				p.mu.Unlock()
-				return nil, context.Canceled
+				return fail(context.Canceled)
 			}
+			old := p.workers[topic][part]
 			if p.workers[topic] == nil {
 				p.workers[topic] = map[int32]*worker{}
 			}
 			p.workers[topic][part] = w
-			p.started = true
 			p.mu.Unlock()
+			if old != nil { // cannot happen: franz-go revokes before it reassigns
+				old.stop(false)
+			}
 			w.start()
 			started = append(started, w)
-			p.metrics.assigned.WithLabelValues(rt.service).Inc()
-			parts[part] = start
+			parts[part] = r.start.WithEpoch(-1)
 		}
 	}
 	return offsets, nil
 }
 
-// recover works out one partition's plan from C (negative: none) and P.
-func (p *Pipeline) recover(ctx context.Context, rt *route, part int32, c int64) (plan, kgo.Offset, error) {
-	dp := dedup.Partition{Group: p.cfg.Kafka.Group, Topic: rt.from, Partition: part}
-	log := p.log.With(zap.String("service", rt.service), zap.String("topic", rt.from), zap.Int32("partition", part))
-	var pl plan
-	var start kgo.Offset
-	err := p.retry(ctx, log, "recovery", func(ctx context.Context) error {
-		prog, err := p.store.Acquire(ctx, dp)
-		if err != nil {
-			return err
-		}
-		pl = plan{epoch: prog.Epoch, next: prog.Next, hasNext: prog.HasNext}
-		switch {
-		case !prog.HasNext && c >= 0:
-			if err := p.store.InitProgress(ctx, dp, prog.Epoch, c); err != nil {
-				return err
-			}
-			pl.next, pl.hasNext = c, true
-			start = kgo.NewOffset().At(c)
-		case !prog.HasNext:
-			start = kgo.NewOffset().AtEnd()
-			if p.cfg.Kafka.Start == "earliest" {
-				start = kgo.NewOffset().AtStart()
-			}
-		case c < 0 || c == prog.Next:
-			start = kgo.NewOffset().At(prog.Next)
-		case c < prog.Next:
-			entries, covered, err := p.store.Logged(ctx, dp, c, prog.Next)
-			if err != nil {
-				return err
-			}
-			if covered {
-				pl.replayUntil, pl.replay = prog.Next, entries
-				start = kgo.NewOffset().At(c)
-			} else {
-				start = kgo.NewOffset().At(prog.Next)
-			}
-		default: // c > P
-			pl.catchUpTo = c
-			start = kgo.NewOffset().At(prog.Next)
-		}
-		return nil
-	})
-	if err != nil {
-		return plan{}, kgo.Offset{}, err
-	}
-	log.Info("partition assigned", zap.Int64("epoch", pl.epoch), zap.Int64("committed", c),
-		zap.Int64("progress", pl.next), zap.Bool("has_progress", pl.hasNext),
-		zap.Int64("replay_until", pl.replayUntil), zap.Int("replay_entries", len(pl.replay)),
-		zap.Int64("catch_up_to", pl.catchUpTo))
-	return pl, start.WithEpoch(-1), nil
-}
-
-func (p *Pipeline) retry(ctx context.Context, log *zap.Logger, what string, op func(context.Context) error) error {
-	bo := p.backoff()
-	for {
-		err := op(ctx)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if errors.Is(err, dedup.ErrInvalid) {
-			return err
-		}
-		wait := bo.NextBackOff()
-		log.Warn(what+" failed: retrying", zap.Duration("retry_in", wait), zap.Error(err))
-		if !sleep(ctx, wait) {
-			return ctx.Err()
-		}
-	}
-}
-
 // onRevoked lets each revoked partition deliver and commit what it has
-// decided before another member takes it.
+// decided (or stops it hard after the grace period) before another member
+// takes it.
 func (p *Pipeline) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	p.stopWorkers(p.take(revoked), true)
+	ws := p.lookup(revoked)
+	if len(ws) > 0 {
+		p.log.Info("partitions revoked: finishing them", zap.Any("partitions", revoked))
+	}
+	stopAll(ws, true)
+	p.unregister(ws)
 }
 
 // onLost stops lost partitions at once: another member may own them
-// already, so nothing more is committed (its recovery replays the rest).
+// already, so nothing more is produced or committed (its recovery replays
+// the rest).
 func (p *Pipeline) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	p.stopWorkers(p.take(lost), false)
+	ws := p.lookup(lost)
+	if len(ws) > 0 {
+		p.log.Warn("partitions lost: stopping them at once", zap.Any("partitions", lost))
+	}
+	stopAll(ws, false)
+	p.unregister(ws)
 }
 
-func (p *Pipeline) take(tps map[string][]int32) []*worker {
+func (p *Pipeline) lookup(tps map[string][]int32) []*worker {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var ws []*worker
@@ -488,12 +435,8 @@ func (p *Pipeline) take(tps map[string][]int32) []*worker {
 		for _, part := range parts {
 			if w := p.workers[t][part]; w != nil {
 				ws = append(ws, w)
-				delete(p.workers[t], part)
 			}
 		}
-	}
-	if len(ws) > 0 {
-		p.log.Info("partitions leaving this instance", zap.Any("partitions", tps))
 	}
 	return ws
 }
@@ -508,113 +451,89 @@ func (p *Pipeline) unregister(ws []*worker) {
 	}
 }
 
-// commit commits one partition's offset synchronously.
-func (p *Pipeline) commit(ctx context.Context, topic string, part int32, offset int64, epoch int32) error {
-	var cerr error
-	p.client.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{
-		topic: {part: {Epoch: epoch, Offset: offset}},
-	}, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		if err != nil {
-			cerr = err
-			return
-		}
-		for _, t := range resp.Topics {
-			for _, pr := range t.Partitions {
-				if e := kerr.ErrorForCode(pr.ErrorCode); e != nil {
-					cerr = fmt.Errorf("commit %s/%d@%d: %w", t.Topic, pr.Partition, offset, e)
-				}
-			}
-		}
-	})
-	return cerr
+// defaultMaxMessageBytes is Kafka's default max.message.bytes (and
+// message.max.bytes), used for a topic whose setting cannot be read.
+const defaultMaxMessageBytes = 1048588
+
+// recordOverhead is the room a route's max_size must leave below its output
+// topic's max.message.bytes: the record batch header (61 bytes), the
+// record's framing, and a key and headers of a few hundred bytes.
+const recordOverhead = 1024
+
+// batchLimits is each output topic's max.message.bytes, read at start: the
+// producer's batch limit per topic.
+type batchLimits struct {
+	mu sync.Mutex
+	m  map[string]int32
 }
 
-func (p *Pipeline) backoff() *backoff.ExponentialBackOff {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = p.cfg.Pipeline.RetryMin
-	bo.MaxInterval = p.cfg.Pipeline.RetryMax
-	return bo
+func (l *batchLimits) get(topic string) int32 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if v, ok := l.m[topic]; ok {
+		return v
+	}
+	return defaultMaxMessageBytes
 }
 
-// Ready reports whether the pipeline is making progress: it has joined the
-// group (with or without partitions), a broker answers, and no partition is
-// paused by an outage or halted on bad input. The
-// error (wrapping ErrNotReady) says why not.
-func (p *Pipeline) Ready() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.stopped {
-		return fmt.Errorf("%w: shutting down", ErrNotReady)
+func (l *batchLimits) set(topic string, v int32) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = map[string]int32{}
 	}
-	if !p.started {
-		return fmt.Errorf("%w: consumer group not joined yet", ErrNotReady)
-	}
-	if p.brokerErr != nil {
-		return fmt.Errorf("%w: kafka unreachable: %v", ErrNotReady, p.brokerErr)
-	}
-	for t, parts := range p.workers {
-		for part, w := range parts {
-			if err := w.halted(); err != nil {
-				return fmt.Errorf("%w: %s/%d: %v", ErrNotReady, t, part, err)
-			}
-		}
-	}
-	return nil
+	l.m[topic] = v
 }
 
-// haltedCounts returns, per service, the partitions not making progress:
-// those halted or paused by an outage, or all of them while Kafka is down.
-func (p *Pipeline) haltedCounts() map[string]int {
-	counts := make(map[string]int, len(p.routes))
+// checkCluster reads what the configuration must agree with before
+// anything is consumed: each output topic's max.message.bytes (the
+// producer's batch limit for it; a route's max_size must fit below it) and,
+// for partitioning: preserve routes, the partition counts.
+func (p *Pipeline) checkCluster(ctx context.Context) error {
+	adm := kadm.NewClient(p.client)
+	var outputs []string
 	for _, r := range p.routes {
-		counts[r.service] = 0
+		outputs = append(outputs, r.to)
+		if r.dlq != "" {
+			outputs = append(outputs, r.dlq)
+		}
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, parts := range p.workers {
-		for _, w := range parts {
-			if p.brokerErr != nil || w.halted() != nil {
-				counts[w.rt.service]++
+	slices.Sort(outputs)
+	outputs = slices.Compact(outputs)
+	configs, err := adm.DescribeTopicConfigs(ctx, outputs...)
+	if err != nil {
+		p.log.Warn("cannot read the output topics' max.message.bytes; Kafka checks record sizes at produce time", zap.Error(err))
+	}
+	for _, rc := range configs {
+		if rc.Err != nil {
+			p.log.Warn("cannot read an output topic's max.message.bytes; Kafka checks record sizes at produce time", zap.String("topic", rc.Name), zap.Error(rc.Err))
+			continue
+		}
+		for _, c := range rc.Configs {
+			if c.Key != "max.message.bytes" || c.Value == nil {
+				continue
+			}
+			if v, err := strconv.ParseInt(*c.Value, 10, 32); err == nil {
+				p.limits.set(rc.Name, int32(v))
 			}
 		}
 	}
-	return counts
-}
-
-// brokerProbeLoop asks a broker for its API versions every few seconds, so
-// that an outage is reported (not ready, halted) even when no record is
-// waiting to be delivered.
-func (p *Pipeline) brokerProbeLoop(ctx context.Context) {
-	t := time.NewTicker(2 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		err := p.client.Ping(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		p.mu.Lock()
-		was := p.brokerErr
-		p.brokerErr = err
-		p.mu.Unlock()
-		switch {
-		case err != nil && was == nil:
-			p.log.Warn("kafka unreachable: partitions paused until a broker answers", zap.Error(err))
-		case err == nil && was != nil:
-			p.log.Info("kafka reachable again")
+	var errs []error
+	for _, r := range slices.SortedFunc(maps.Values(p.routes), func(a, b *route) int { return a.index - b.index }) {
+		if limit := int(p.limits.get(r.to)); r.maxSize+recordOverhead > limit {
+			errs = append(errs, fmt.Errorf("%w: routes[%d].max_size: %d bytes does not fit in a record of %s, whose max.message.bytes is %d (a value may take at most %d, leaving room for the key, headers and framing): lower max_size or raise the topic's max.message.bytes",
+				ErrConfig, r.index, r.maxSize, r.to, limit, limit-recordOverhead))
 		}
 	}
+	if err := p.checkPreserve(ctx, adm); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // checkPreserve refuses to start when a partitioning: preserve route's
 // output has fewer partitions than its input.
-func (p *Pipeline) checkPreserve(ctx context.Context) error {
+func (p *Pipeline) checkPreserve(ctx context.Context, adm *kadm.Client) error {
 	var topics []string
 	for _, r := range p.routes {
 		if r.preserve {
@@ -624,7 +543,6 @@ func (p *Pipeline) checkPreserve(ctx context.Context) error {
 	if len(topics) == 0 {
 		return nil
 	}
-	adm := kadm.NewClient(p.client)
 	details, err := adm.ListTopics(ctx, topics...)
 	if err != nil {
 		return fmt.Errorf("pipeline: partitioning: preserve: listing topics: %w", err)
@@ -635,11 +553,11 @@ func (p *Pipeline) checkPreserve(ctx context.Context) error {
 		}
 		in, out := details[r.from], details[r.to]
 		if in.Err != nil || out.Err != nil {
-			return fmt.Errorf("pipeline: route %s: partitioning: preserve needs both topics to exist: %v %v", r.service, in.Err, out.Err)
+			return fmt.Errorf("%w: routes[%d] (%s): partitioning: preserve needs both topics to exist: %v %v", ErrConfig, r.index, r.service, in.Err, out.Err)
 		}
 		if len(out.Partitions) < len(in.Partitions) {
-			return fmt.Errorf("pipeline: route %s: partitioning: preserve: %s has %d partitions, fewer than the %d of %s",
-				r.service, r.to, len(out.Partitions), len(in.Partitions), r.from)
+			return fmt.Errorf("%w: routes[%d] (%s): partitioning: preserve: %s has %d partitions, fewer than the %d of %s",
+				ErrConfig, r.index, r.service, r.to, len(out.Partitions), len(in.Partitions), r.from)
 		}
 	}
 	return nil
@@ -652,10 +570,14 @@ const stateRowsEvery = time.Minute
 // only this instance's services (every replica of every adapter's dam runs
 // it, so it must not read the whole table).
 func (p *Pipeline) stateRowsLoop(ctx context.Context) {
+	services := map[string]struct{}{}
+	for _, r := range p.routes {
+		services[r.service] = struct{}{}
+	}
 	t := time.NewTicker(stateRowsEvery)
 	defer t.Stop()
 	for {
-		for service := range p.serviceNames() {
+		for service := range services {
 			if n, err := p.store.Count(ctx, service); err == nil {
 				p.metrics.stateRows.WithLabelValues(service).Set(float64(n))
 			}
@@ -666,12 +588,4 @@ func (p *Pipeline) stateRowsLoop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-func (p *Pipeline) serviceNames() map[string]struct{} {
-	m := make(map[string]struct{}, len(p.routes))
-	for _, r := range p.routes {
-		m[r.service] = struct{}{}
-	}
-	return m
 }

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/dam-dedup/dam/config"
 )
 
 func recs(n int) []*kgo.Record {
@@ -22,15 +20,12 @@ func recs(n int) []*kgo.Record {
 // records left behind keep their own poll time, so that poll-to-commit
 // latency is not inflated under a sustained backlog.
 func TestTakePollTimes(t *testing.T) {
-	cfg := config.Default()
-	pl := &Pipeline{cfg: cfg, room: make(chan struct{}, 1), workers: map[string]map[int32]*worker{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	w := &worker{pl: pl, ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1)}
+	b := newBudget(100)
+	q := newQueue(b)
 	t0 := time.Unix(1000, 0)
-	w.push(recs(3), t0)
-	w.push(recs(4), t0.Add(time.Second))
-	w.push(recs(2), t0.Add(2*time.Second))
+	q.push(recs(3), t0)
+	q.push(recs(4), t0.Add(time.Second))
+	q.push(recs(2), t0.Add(2*time.Second))
 	for i, want := range []struct {
 		n      int
 		polled time.Time
@@ -40,36 +35,43 @@ func TestTakePollTimes(t *testing.T) {
 		{4, t0.Add(time.Second)},     // the rest of the second run and the third
 		{5, t0.Add(2 * time.Second)}, // what is left: one record
 	} {
-		got, polled, ok := w.take(want.n)
+		got, polled, ok := q.take(context.Background(), want.n)
 		if !ok || !polled.Equal(want.polled) {
 			t.Fatalf("take %d: %d records, polled %v, ok %v; want polled %v", i, len(got), polled, ok, want.polled)
 		}
 	}
-	if len(w.queue) != 0 || len(w.polls) != 0 {
-		t.Fatalf("queue %d, polls %v after taking everything", len(w.queue), w.polls)
+	if len(q.recs) != 0 || len(q.polls) != 0 || b.queued.Load() != 0 {
+		t.Fatalf("queue %d, polls %v, budget %d after taking everything", len(q.recs), q.polls, b.queued.Load())
 	}
 }
 
 // TestOverBudget: polling stops only when the queues hold max_in_flight
-// records per partition in total, however they are spread.
+// records per partition in total, however they are spread; closing a queue
+// gives its records back.
 func TestOverBudget(t *testing.T) {
-	cfg := config.Default()
-	cfg.Pipeline.MaxInFlight = 10
-	pl := &Pipeline{cfg: cfg, room: make(chan struct{}, 1), workers: map[string]map[int32]*worker{}}
-	if pl.overBudget() {
+	b := newBudget(10)
+	if b.over() {
 		t.Fatal("no partitions: over budget")
 	}
-	ws := map[int32]*worker{}
-	for p := range int32(3) {
-		ws[p] = &worker{pl: pl, wake: make(chan struct{}, 1)}
-	}
-	pl.workers["in"] = ws
-	ws[0].push(recs(25), time.Now()) // one partition far over its share
-	if pl.overBudget() {
+	b.partitions.Store(3)
+	q0, q1 := newQueue(b), newQueue(b)
+	q0.push(recs(25), time.Now()) // one partition far over its share
+	if b.over() {
 		t.Fatal("25 of 30 queued: over budget")
 	}
-	ws[1].push(recs(5), time.Now())
-	if !pl.overBudget() {
+	q1.push(recs(5), time.Now())
+	if !b.over() {
 		t.Fatal("30 of 30 queued: not over budget")
+	}
+	q0.close()
+	if b.over() || b.queued.Load() != 5 {
+		t.Fatalf("after closing the full queue: over %v, queued %d", b.over(), b.queued.Load())
+	}
+	q0.push(recs(50), time.Now()) // dropped: closed
+	if b.queued.Load() != 5 {
+		t.Fatalf("a closed queue took records: queued %d", b.queued.Load())
+	}
+	if _, _, ok := q0.take(context.Background(), 1); ok {
+		t.Fatal("take on a closed queue returned records")
 	}
 }

@@ -18,17 +18,23 @@ const (
 	HeaderSourcePartition = "dam-source-partition" // dead letter: input partition
 	HeaderSourceOffset    = "dam-source-offset"    // dead letter: input offset
 	HeaderDuplicate       = "dam-duplicate"        // shadow mode: "true" on a would-be duplicate
+	// HeaderValueDropped is set on a dead letter whose value (and input
+	// headers) were left out because Kafka refused the record for good: its
+	// value is the dropped value's size in bytes.
+	HeaderValueDropped = "dam-value-dropped"
 )
 
 // route is one configured route, compiled: its hasher and identity
 // extractor are built once and shared by the route's partition workers.
 type route struct {
+	index    int // in the configuration's routes, for error messages
 	service  string
 	from     string
 	to       string
 	dlq      string
 	shadow   bool
 	preserve bool
+	maxSize  int
 	// forwardUndecided passes records through undecided while the store is
 	// down (on_store_failure: forward) instead of pausing.
 	forwardUndecided bool
@@ -56,8 +62,9 @@ func compileRoute(rc config.Route) (*route, error) {
 		to:               rc.To,
 		dlq:              rc.DeadLetter,
 		shadow:           rc.Shadow,
-		preserve:         rc.Partitioning == "preserve",
-		forwardUndecided: rc.OnStoreFailure == "forward",
+		preserve:         rc.Partitioning == config.PartitioningPreserve,
+		maxSize:          rc.MaxSize,
+		forwardUndecided: rc.OnStoreFailure == config.OnStoreFailureForward,
 		hasher:           h,
 	}
 	src := rc.EntitySource()
@@ -126,6 +133,19 @@ func (rt *route) deadLetter(r *kgo.Record, cause error) *kgo.Record {
 		kgo.RecordHeader{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
 	)
 	return &kgo.Record{Topic: rt.dlq, Key: r.Key, Value: r.Value, Headers: h, Timestamp: r.Timestamp}
+}
+
+// refusedLetter builds the dead letter of a record Kafka refused for good
+// (err): the key and where it came from, without the value or the input's
+// headers, either of which may be what made it too large.
+func (rt *route) refusedLetter(r *kgo.Record, err error) *kgo.Record {
+	return &kgo.Record{Topic: rt.dlq, Key: r.Key, Timestamp: r.Timestamp, Headers: []kgo.RecordHeader{
+		{Key: HeaderError, Value: []byte("Kafka refused the record: " + err.Error())},
+		{Key: HeaderValueDropped, Value: []byte(strconv.Itoa(len(r.Value)))},
+		{Key: HeaderSourceTopic, Value: []byte(r.Topic)},
+		{Key: HeaderSourcePartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
+		{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+	}}
 }
 
 // partitioner sends records of preserve routes to the partition they carry

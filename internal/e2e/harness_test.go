@@ -194,7 +194,7 @@ func newSidecar(t *testing.T, name string, o sidecarOpts) *sidecar {
   client_id: dam-%s
   start: earliest
   session_timeout: 6s
-  rebalance_timeout: 6s
+  rebalance_timeout: 20s
   transaction_timeout: 5s
 postgres:
   dsn: %q

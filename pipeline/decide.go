@@ -1,0 +1,314 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/retry"
+)
+
+// Step 1 of DESIGN §2, decide: a partition's records are decided in offset
+// order, a batch per PostgreSQL transaction (dedup.Store.Decide: state, log
+// and P change together), and each decided batch is queued for delivery
+// as a job.
+
+// decideLoop turns polled records into jobs, in offset order, until the
+// worker stops or parks.
+func (w *worker) decideLoop() {
+	defer close(w.jobs)
+	for {
+		recs, polled, ok := w.q.take(w.dctx, w.d.set.batchSize)
+		if !ok {
+			return
+		}
+		if err := w.process(recs, polled); err != nil {
+			if w.dctx.Err() != nil {
+				return // stopping
+			}
+			w.park(err)
+			if errors.Is(err, dedup.ErrFenced) {
+				// Another owner has the partition: deliver nothing more.
+				w.cancel()
+			}
+			return
+		}
+	}
+}
+
+// process handles one run of polled records: the replay of recovery first,
+// then catching up to Kafka's offset, then deciding.
+func (w *worker) process(recs []*kgo.Record, polled time.Time) error {
+	for len(recs) > 0 {
+		var err error
+		switch {
+		case w.plan.replay != nil:
+			recs, err = w.replay(recs, polled)
+		case recs[0].Offset < w.next:
+			// Already decided, and recovery found nothing to re-deliver
+			// (offsets moved back by hand): DESIGN §2 continues from P.
+			i := sort.Search(len(recs), func(i int) bool { return recs[i].Offset >= w.next })
+			w.log.Debug("skipping records below the decided progress", zap.Int64("offset", recs[0].Offset), zap.Int64("next", w.next))
+			recs = recs[i:]
+		case w.plan.catchUpTo > recs[0].Offset:
+			i := sort.Search(len(recs), func(i int) bool { return recs[i].Offset >= w.plan.catchUpTo })
+			err = w.decideBatch(recs[:i], polled, true)
+			recs = recs[i:]
+		default:
+			err = w.decideBatch(recs, polled, false)
+			recs = nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decideBatch classifies recs (in offset order, all at or above P) once
+// each, decides them in one transaction and queues their delivery. With
+// catchUp the state is brought up to date with records Kafka's committed
+// offset is already past: nothing is delivered, logged or dead-lettered.
+//
+// On a route without a dead-letter topic, bad input halts the partition at
+// that record: what precedes it is decided and delivered first.
+func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool) error {
+	b := &dedup.Batch{
+		Service:   w.rt.service,
+		Partition: w.part,
+		Epoch:     w.epoch,
+		Start:     w.next,
+		End:       recs[len(recs)-1].Offset + 1,
+		Records:   make([]dedup.Record, 0, len(recs)),
+		NoLog:     catchUp,
+	}
+	var causes []error // per record, only once a record is bad
+	var halt error
+	for i, r := range recs {
+		rec, err := w.rt.classify(r)
+		if err != nil {
+			if w.rt.dlq == "" && !catchUp {
+				halt = fmt.Errorf("%w: %s/%d offset %d: %v (route %s has no dead_letter topic)", ErrHalted, r.Topic, r.Partition, r.Offset, err, w.rt.service)
+				recs, b.End = recs[:i], r.Offset
+				break
+			}
+			if causes == nil {
+				causes = make([]error, len(recs))
+			}
+			causes[i] = err
+		}
+		b.Records = append(b.Records, rec)
+	}
+	if len(recs) == 0 {
+		return halt
+	}
+
+	decisions, undecided, err := w.decide(b)
+	if err != nil {
+		return err
+	}
+	w.next = b.End
+	j := &job{polled: polled, commitTo: b.End, epoch: recs[len(recs)-1].LeaderEpoch, halt: halt}
+	if catchUp {
+		if w.next >= w.plan.catchUpTo {
+			w.plan.catchUpTo = 0
+		}
+		j.counts[outcomeCaughtUp] = len(recs)
+		j.commitTo = 0 // Kafka's offset is already ahead
+		return w.send(j)
+	}
+	for i, r := range recs {
+		switch {
+		case b.Records[i].Invalid:
+			// Dead-lettered whether or not the store could decide.
+			w.log.Warn("bad input: dead-lettered", zap.Int64("offset", r.Offset), zap.String("dead_letter", w.rt.dlq), zap.Error(causes[i]))
+			j.add(w.rt.deadLetter(r, causes[i]), r, outcomeInvalid)
+		case undecided:
+			j.add(w.rt.output(r, false), r, outcomeUndecided)
+		case decisions[i] == dedup.Forward:
+			j.add(w.rt.output(r, false), r, outcomeForwarded)
+		case w.rt.shadow:
+			j.add(w.rt.output(r, true), r, outcomeDuplicate)
+		default:
+			j.counts[outcomeDuplicate]++
+		}
+	}
+	return w.send(j)
+}
+
+// decide runs b's transaction until its outcome is known.
+//
+// undecided reports that the store is down and the route forwards records
+// undecided (on_store_failure: forward): b is then kept, to be written to
+// the store, with its log, before the next decision.
+func (w *worker) decide(b *dedup.Batch) (decisions []dedup.Decision, undecided bool, err error) {
+	if len(w.pending) > 0 {
+		if err := w.flush(); err != nil {
+			if w.rt.forwardUndecided && errors.Is(err, dedup.ErrUnavailable) {
+				w.pending = append(w.pending, b)
+				return nil, true, nil
+			}
+			return nil, false, err
+		}
+	}
+	if w.rt.forwardUndecided {
+		decisions, err := w.decideOnce(b)
+		if errors.Is(err, dedup.ErrUnavailable) {
+			w.d.metrics.storeErrors.WithLabelValues(w.rt.service).Inc()
+			w.health.pause(sideDecide, err)
+			w.log.Warn("store unavailable: forwarding undecided (on_store_failure: forward)", zap.Int64("offset", b.Start), zap.Error(err))
+			w.pending = append(w.pending, b)
+			return nil, true, nil
+		}
+		if err == nil {
+			w.health.resume(sideDecide)
+		}
+		return decisions, false, err
+	}
+	decisions, err = retryStep(w, sideDecide, "decide", w.d.metrics.storeErrors, func() ([]dedup.Decision, error) {
+		return w.decideResolving(b)
+	})
+	return decisions, false, err
+}
+
+// decideOnce is one Decide of b.
+func (w *worker) decideOnce(b *dedup.Batch) ([]dedup.Decision, error) {
+	start := time.Now()
+	decisions, err := w.d.store.Decide(w.dctx, b, nil)
+	if err != nil {
+		return nil, err
+	}
+	w.proven()
+	w.d.metrics.decideSeconds.WithLabelValues(w.rt.service).Observe(time.Since(start).Seconds())
+	w.d.metrics.batchRecords.WithLabelValues(w.rt.service).Observe(float64(len(b.Records)))
+	return decisions, nil
+}
+
+// decideResolving is one attempt of decide for retryStep. After an outage
+// error the transaction's outcome is unknown (a lost COMMIT reply looks the
+// same as a refused BEGIN), so it is learned from P, waiting for the store
+// as long as it takes, before anything else: P at b.End means the batch
+// committed (its decisions are read back from the log), P at b.Start that it
+// did not (retried after the backoff); anything else means another owner.
+// Deciding again without knowing would fence a batch that did commit.
+func (w *worker) decideResolving(b *dedup.Batch) ([]dedup.Decision, error) {
+	decisions, err := w.decideOnce(b)
+	if err == nil {
+		return decisions, nil
+	}
+	if !errors.Is(err, dedup.ErrUnavailable) {
+		return nil, retry.Permanent(err) // fenced, or a store error retrying cannot fix
+	}
+	prog, perr := retryStep(w, sideDecide, "reading progress after a failed decide", w.d.metrics.storeErrors, storeOp(func() (dedup.Progress, error) {
+		return w.d.store.ReadProgress(w.dctx, w.part)
+	}))
+	if perr != nil {
+		return nil, retry.Permanent(perr)
+	}
+	switch {
+	case prog.Epoch != w.epoch:
+		return nil, retry.Permanent(fmt.Errorf("%w: %s/%d: epoch %d, ours %d", dedup.ErrFenced, w.part.Topic, w.part.Partition, prog.Epoch, w.epoch))
+	case prog.HasNext && prog.Next == b.Start:
+		return nil, err // not committed: decide again after the backoff
+	case prog.HasNext && prog.Next == b.End:
+		w.log.Info("the decide transaction committed before its reply was lost: reading its decisions from the log", zap.Int64("offset", b.Start))
+		decisions, lerr := w.decisionsFromLog(b)
+		if lerr != nil {
+			return nil, retry.Permanent(lerr)
+		}
+		return decisions, nil
+	default:
+		return nil, retry.Permanent(fmt.Errorf("%w: %s/%d: progress at %d, batch [%d, %d)", dedup.ErrFenced, w.part.Topic, w.part.Partition, prog.Next, b.Start, b.End))
+	}
+}
+
+// decisionsFromLog rebuilds a committed batch's decisions from the decision
+// log: a logged offset was forwarded or dead-lettered, an unlogged one was
+// a duplicate.
+func (w *worker) decisionsFromLog(b *dedup.Batch) ([]dedup.Decision, error) {
+	decisions := make([]dedup.Decision, len(b.Records))
+	if b.NoLog {
+		return decisions, nil // nothing is delivered for a catch-up batch
+	}
+	logged, err := retryStep(w, sideDecide, "reading the decision log", w.d.metrics.storeErrors, storeOp(func() ([]dedup.LoggedDecision, error) {
+		entries, _, err := w.d.store.Logged(w.dctx, w.part, b.Start, b.End)
+		return entries, err
+	}))
+	if err != nil {
+		return nil, err
+	}
+	byOffset := make(map[int64]dedup.Decision, len(logged))
+	for _, e := range logged {
+		byOffset[e.Offset] = e.Decision
+	}
+	for i, r := range b.Records {
+		if d, ok := byOffset[r.Offset]; ok {
+			decisions[i] = d
+		} else {
+			decisions[i] = dedup.Duplicate
+		}
+	}
+	return decisions, nil
+}
+
+// flush writes the batches forwarded undecided to the store, in order,
+// each in its own transaction with its decision log: the log then covers
+// every decided range, so recovery re-delivers their forwards if the crash
+// comes before their offsets are committed, whatever mix of decided and
+// undecided batches lies there. Their decisions bring the state up to what
+// the adapter received (each identity's last forwarded digest), so no later
+// change is mistaken for a duplicate. Batches of bad input alone are
+// flushed too: P must cover them.
+//
+// The first batch may have committed before its reply was lost: P says
+// where to resume.
+func (w *worker) flush() error {
+	prog, err := w.d.store.ReadProgress(w.dctx, w.part)
+	if err != nil {
+		return err
+	}
+	if prog.Epoch != w.epoch {
+		return fmt.Errorf("%w: %s/%d: epoch %d, ours %d", dedup.ErrFenced, w.part.Topic, w.part.Partition, prog.Epoch, w.epoch)
+	}
+	i := sort.Search(len(w.pending), func(i int) bool { return w.pending[i].Start >= prog.Next })
+	last := w.pending[len(w.pending)-1]
+	switch {
+	case !prog.HasNext:
+		return fmt.Errorf("%w: %s/%d: progress unset", dedup.ErrFenced, w.part.Topic, w.part.Partition)
+	case i < len(w.pending) && w.pending[i].Start == prog.Next:
+	case prog.Next == last.End:
+	default:
+		return fmt.Errorf("%w: %s/%d: progress at %d, undecided batches from %d to %d", dedup.ErrFenced,
+			w.part.Topic, w.part.Partition, prog.Next, w.pending[0].Start, last.End)
+	}
+	w.pending = w.pending[i:]
+	n := 0
+	for len(w.pending) > 0 {
+		b := w.pending[0]
+		if _, err := w.decideOnce(b); err != nil {
+			return err
+		}
+		n += len(b.Records)
+		w.pending = w.pending[1:]
+	}
+	w.pending = nil
+	w.health.resume(sideDecide)
+	w.log.Info("store back: the records forwarded undecided are decided and logged", zap.Int("records", n))
+	return nil
+}
+
+// send queues a job for delivery, in order. It returns the job's halt, so
+// that the decider stops right after queuing the records before it.
+func (w *worker) send(j *job) error {
+	select {
+	case w.jobs <- j:
+		return j.halt
+	case <-w.ctx.Done():
+		return w.ctx.Err()
+	}
+}

@@ -1,0 +1,247 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/retry"
+)
+
+// Step 2 of DESIGN §2, deliver: produce a job's forwarded records and dead
+// letters (acks=all, idempotent producer), wait for every ack, then commit
+// the job's offset. Jobs are delivered strictly in order; this is the only
+// place offsets are committed.
+
+// job is one decided batch (or a part of a replay) on its way to Kafka.
+type job struct {
+	out      []outRecord
+	commitTo int64 // offset to commit after the acks; 0: none
+	epoch    int32 // leader epoch of the input record before commitTo
+	polled   time.Time
+	counts   outcomes // counted once delivered
+	halt     error    // set on the last job before a halt
+	stuck    int      // index+1 of a record refused for good with nowhere to go; 0: none
+}
+
+// outRecord is a record to produce and the input record it comes from.
+type outRecord struct {
+	rec     *kgo.Record
+	src     *kgo.Record
+	outcome outcome
+	acked   bool
+	err     error // why Kafka refused it, once it did
+}
+
+func (j *job) add(rec, src *kgo.Record, o outcome) {
+	j.out = append(j.out, outRecord{rec: rec, src: src, outcome: o})
+	j.counts[o]++
+}
+
+// deliverLoop delivers the jobs in order until the decider closes the
+// channel or the worker stops.
+func (w *worker) deliverLoop() {
+	for j := range w.jobs {
+		if err := w.deliver(j); err != nil {
+			if w.ctx.Err() == nil {
+				w.park(err)
+				w.cancel() // the decider may wait to send: nothing more is delivered
+			}
+			return
+		}
+		for o, n := range j.counts {
+			if n > 0 {
+				w.d.metrics.records.WithLabelValues(w.rt.service, outcome(o).String()).Add(float64(n))
+				if outcome(o) == outcomeInvalid || outcome(o) == outcomeRefused {
+					w.d.metrics.deadLetters.WithLabelValues(w.rt.service, outcome(o).String()).Add(float64(n))
+				}
+			}
+		}
+		if j.commitTo > 0 {
+			w.d.metrics.pollToCommit.WithLabelValues(w.rt.service).Observe(time.Since(j.polled).Seconds())
+			w.pruneLog()
+		}
+	}
+}
+
+// deliver produces and commits one job, retrying with capped backoff until
+// it succeeds, the worker stops, or the partition must halt.
+func (w *worker) deliver(j *job) error {
+	_, err := retryStep(w, sideDeliver, "delivery", w.d.metrics.deliverErrors, func() (struct{}, error) {
+		if err := w.checkOwner(); err != nil {
+			return struct{}{}, err
+		}
+		if err := w.produce(j); err != nil {
+			return struct{}{}, err
+		}
+		if j.stuck > 0 {
+			// Everything else is delivered: commit up to the refused
+			// record, so the partition resumes there, and halt.
+			s := j.out[j.stuck-1]
+			if s.src.Offset > w.committed {
+				if err := w.commit(s.src.Offset, -1); err != nil {
+					return struct{}{}, err
+				}
+			}
+			return struct{}{}, retry.Permanent(fmt.Errorf("%w: %s/%d offset %d: Kafka refused the record for good and route %s has no dead_letter topic: %v",
+				ErrHalted, s.src.Topic, s.src.Partition, s.src.Offset, w.rt.service, s.err))
+		}
+		if j.commitTo > 0 {
+			if err := w.commit(j.commitTo, j.epoch); err != nil {
+				return struct{}{}, err
+			}
+		}
+		return struct{}{}, nil
+	})
+	return err
+}
+
+// produce hands the job's records not yet acknowledged to the producer and
+// waits for every promise, so that an acknowledged record is never
+// produced again. A record Kafka refuses for good (too large, invalid) is
+// replaced by a dead letter without its value, produced at once; if the
+// route has no dead-letter topic, or even that letter is refused, the job
+// is marked stuck at it. Any other failure is returned, to be retried.
+func (w *worker) produce(j *job) error {
+	for {
+		var (
+			wg      sync.WaitGroup
+			errs    = make([]error, len(j.out))
+			pending int
+		)
+		for i := range j.out {
+			if j.out[i].acked || i == j.stuck-1 {
+				continue
+			}
+			pending++
+			wg.Add(1)
+			w.d.client.Produce(w.ctx, j.out[i].rec, func(_ *kgo.Record, err error) {
+				errs[i] = err
+				wg.Done()
+			})
+		}
+		if pending == 0 {
+			return nil
+		}
+		wg.Wait()
+		var first error
+		replaced := false
+		for i := range j.out {
+			o := &j.out[i]
+			if o.acked || i == j.stuck-1 {
+				continue
+			}
+			err := errs[i]
+			switch {
+			case err == nil:
+				o.acked = true
+			case refusedForGood(err):
+				if !w.refuse(j, i, err) {
+					j.stuck = i + 1
+				}
+				replaced = true
+			case first == nil:
+				first = fmt.Errorf("produce to %s: %w", o.rec.Topic, err)
+			}
+		}
+		if first != nil || !replaced {
+			return first
+		}
+	}
+}
+
+// refusedForGood reports a produce error caused by the record itself, which
+// no retry can fix. Everything else (a broker down, a missing topic, an
+// authorization error) is retried: it needs the cluster or an operator, not
+// a dead letter.
+func refusedForGood(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
+		errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.InvalidTimestamp)
+}
+
+// refuse replaces j.out[i], refused by Kafka with err, by a dead letter
+// without the value (and without the input's headers: either may be what
+// made it too large), or reports false when there is nowhere to send it.
+func (w *worker) refuse(j *job, i int, err error) bool {
+	o := &j.out[i]
+	if w.rt.dlq == "" || o.outcome == outcomeRefused {
+		o.err = err
+		return false
+	}
+	w.log.Error("Kafka refused a record for good: dead-lettered without its value",
+		zap.Int64("offset", o.src.Offset), zap.String("dead_letter", w.rt.dlq), zap.Int("value_bytes", len(o.src.Value)), zap.Error(err))
+	j.counts[o.outcome]--
+	j.counts[outcomeRefused]++
+	*o = outRecord{rec: w.rt.refusedLetter(o.src, err), src: o.src, outcome: outcomeRefused, err: err}
+	return true
+}
+
+// checkOwner makes sure the partition is still ours before records are
+// handed to the producer, when the last proof of it is older than the
+// lease: a process paused past the group session (a zombie) must not
+// deliver after the next owner started. The epoch in PostgreSQL is the
+// proof (every new owner bumps it first); while PostgreSQL is down, an
+// offset commit accepted in our group generation is.
+func (w *worker) checkOwner() error {
+	if time.Since(time.Unix(0, w.provenAt.Load())) < w.d.set.lease {
+		return nil
+	}
+	prog, err := w.d.store.ReadProgress(w.ctx, w.part)
+	if err == nil {
+		if prog.Epoch != w.epoch {
+			return retry.Permanent(fmt.Errorf("%w: %s/%d: epoch %d, ours %d", dedup.ErrFenced, w.part.Topic, w.part.Partition, prog.Epoch, w.epoch))
+		}
+		w.proven()
+		return nil
+	}
+	if w.committed >= 0 {
+		if cerr := w.commit(w.committed, -1); cerr == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("checking that the partition is still ours: %w", err)
+}
+
+// commit commits the partition's offset synchronously.
+func (w *worker) commit(offset int64, epoch int32) error {
+	var cerr error
+	w.d.client.CommitOffsetsSync(w.ctx, map[string]map[int32]kgo.EpochOffset{
+		w.part.Topic: {w.part.Partition: {Epoch: epoch, Offset: offset}},
+	}, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			cerr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, pr := range t.Partitions {
+				if e := kerr.ErrorForCode(pr.ErrorCode); e != nil {
+					cerr = fmt.Errorf("commit %s/%d at %d: %w", t.Topic, pr.Partition, offset, e)
+				}
+			}
+		}
+	})
+	if cerr == nil {
+		w.committed = offset
+		w.proven()
+	}
+	return cerr
+}
+
+// pruneLog deletes the decision log below the committed offset, now and
+// then: those decisions are delivered.
+func (w *worker) pruneLog() {
+	if time.Since(w.lastPrune) < w.d.set.pruneEvery {
+		return
+	}
+	w.lastPrune = time.Now()
+	if _, err := w.d.store.PruneLog(w.ctx, w.part, w.committed); err != nil && w.ctx.Err() == nil {
+		w.log.Warn("pruning the decision log failed; it is retried later", zap.Error(err))
+	}
+}

@@ -1,0 +1,164 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Health: readiness (Ready, /readyz), dam_halted, and the probes that keep
+// them true while nothing flows: a broker answers, PostgreSQL answers.
+
+// side is which goroutine of a worker a pause comes from: the decider and
+// the deliverer fail and recover independently (an outage of PostgreSQL
+// must not look cleared by a successful delivery, nor one of Kafka by a
+// successful decide).
+type side int
+
+const (
+	sideDecide side = iota
+	sideDeliver
+)
+
+// partHealth is why a partition is not making progress, if it is not.
+type partHealth struct {
+	mu     sync.Mutex
+	paused [2]error // per side: an outage being retried
+	parked error    // a halt or a fence: only a revocation lifts it
+}
+
+func (h *partHealth) pause(s side, err error) {
+	h.mu.Lock()
+	h.paused[s] = err
+	h.mu.Unlock()
+}
+
+func (h *partHealth) resume(s side) {
+	h.mu.Lock()
+	h.paused[s] = nil
+	h.mu.Unlock()
+}
+
+func (h *partHealth) park(err error) {
+	h.mu.Lock()
+	h.parked = err
+	h.mu.Unlock()
+}
+
+// status is nil while the partition makes progress.
+func (h *partHealth) status() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.parked != nil:
+		return h.parked
+	case h.paused[sideDecide] != nil:
+		return h.paused[sideDecide]
+	default:
+		return h.paused[sideDeliver]
+	}
+}
+
+// probes holds the results of the health probes.
+type probes struct {
+	mu        sync.Mutex
+	brokerErr error // no broker answers: every partition is paused
+	storeErr  error // PostgreSQL does not answer
+}
+
+// Ready reports whether the pipeline is making progress: it has joined the
+// group (with or without partitions), a broker and PostgreSQL answer, and no
+// partition is paused by an outage or halted. The error (wrapping
+// ErrNotReady) says why not.
+func (p *Pipeline) Ready() error {
+	p.probes.mu.Lock()
+	brokerErr, storeErr := p.probes.brokerErr, p.probes.storeErr
+	p.probes.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.stopping:
+		return fmt.Errorf("%w: shutting down", ErrNotReady)
+	case !p.joined:
+		return fmt.Errorf("%w: consumer group not joined yet", ErrNotReady)
+	case brokerErr != nil:
+		return fmt.Errorf("%w: kafka unreachable: %v", ErrNotReady, brokerErr)
+	case storeErr != nil:
+		return fmt.Errorf("%w: postgres unreachable: %v", ErrNotReady, storeErr)
+	}
+	for t, parts := range p.workers {
+		for part, w := range parts {
+			if err := w.health.status(); err != nil {
+				return fmt.Errorf("%w: %s/%d: %v", ErrNotReady, t, part, err)
+			}
+		}
+	}
+	return nil
+}
+
+// haltedCounts returns, per service, the partitions not making progress:
+// those halted or paused by an outage, or all of them while no broker
+// answers.
+func (p *Pipeline) haltedCounts() map[string]int {
+	counts := make(map[string]int, len(p.routes))
+	for _, r := range p.routes {
+		counts[r.service] = 0
+	}
+	p.probes.mu.Lock()
+	brokerDown := p.probes.brokerErr != nil
+	p.probes.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, parts := range p.workers {
+		for _, w := range parts {
+			if brokerDown || w.health.status() != nil {
+				counts[w.rt.service]++
+			}
+		}
+	}
+	return counts
+}
+
+// probeEvery is the interval of the health probes.
+const probeEvery = 2 * time.Second
+
+// probeLoop asks a broker for its API versions and pings PostgreSQL every
+// probeEvery, so that an outage shows (not ready, halted) even when no
+// record is waiting. It returns when ctx ends.
+func (p *Pipeline) probeLoop(ctx context.Context) {
+	t := time.NewTicker(probeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, probeEvery+time.Second)
+		brokerErr := p.client.Ping(pctx)
+		storeErr := p.store.Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		p.probes.mu.Lock()
+		wasBroker, wasStore := p.probes.brokerErr, p.probes.storeErr
+		p.probes.brokerErr, p.probes.storeErr = brokerErr, storeErr
+		p.probes.mu.Unlock()
+		switch {
+		case brokerErr != nil && wasBroker == nil:
+			p.log.Warn("kafka unreachable: partitions paused until a broker answers", zap.Error(brokerErr))
+		case brokerErr == nil && wasBroker != nil:
+			p.log.Info("kafka reachable again")
+		}
+		switch {
+		case storeErr != nil && wasStore == nil:
+			p.log.Warn("postgres unreachable", zap.Error(storeErr))
+		case storeErr == nil && wasStore != nil:
+			p.log.Info("postgres reachable again")
+		}
+	}
+}

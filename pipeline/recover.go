@@ -1,0 +1,337 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/retry"
+)
+
+// Recovery (DESIGN §2) runs when partitions are assigned, in franz-go's
+// AdjustFetchOffsetsFn, before any record of them is fetched:
+//
+//  1. bump each partition's fencing epoch in PostgreSQL (dedup.Acquire): a
+//     previous owner can no longer decide;
+//  2. then read Kafka's committed offsets C (require-stable), so an old
+//     owner's last commit is either seen or fenced;
+//  3. compare C with P and plan:
+//     - no P, no C: P := the start offset (kafka.start), set at once, so a
+//     crash before the first decision cannot skip what was produced
+//     meanwhile;
+//     - no P: P := C;
+//     - C = P: continue from P;
+//     - C < P, and the log covers [C, P): re-read [C, P) and deliver exactly
+//     the records the log marks (replay), then continue from P;
+//     - C < P without such a log (offsets moved back by hand): continue
+//     from P;
+//     - no C (it expired), with log rows: replay from the log's start;
+//     without: continue from P;
+//     - C > P (offsets moved forward, or the state restored from a
+//     backup): decide [P, C) without forwarding (catch up), then continue.
+//
+// The worker then carries the plan out (replay below, catch-up in
+// decide.go) as the records arrive.
+
+// plan is what a worker must do before deciding normally.
+type plan struct {
+	replay    *replay // non-nil: deliver the logged decisions up to replay.until
+	catchUpTo int64   // > P: decide [P, catchUpTo) without forwarding
+}
+
+// replay re-delivers the logged decisions of [from, until).
+type replay struct {
+	until int64
+	log   []dedup.LoggedDecision // entries not reached yet, in offset order
+	// owed: entities whose logged forward could not be read (retention or
+	// compaction removed it), with that forward's offset. Each entity's
+	// next readable record in the range is delivered, even one logged as
+	// its duplicate; an entity still owed at the end has its state reset,
+	// so that its next record is forwarded: a possible duplicate, never a
+	// loss.
+	owed map[string]int64
+}
+
+// recovered is one partition's recovery result.
+type recovered struct {
+	epoch     int64
+	next      int64 // P
+	committed int64 // C; -1: none
+	plan      plan
+	start     kgo.Offset // where fetching starts
+}
+
+// recoverPartitions runs recovery for newly assigned partitions of one
+// route. It waits for PostgreSQL and Kafka as long as it takes (the
+// partitions stay unfetched meanwhile: pause, not guess), until ctx ends
+// (the group session is revoked).
+func (p *Pipeline) recoverPartitions(ctx context.Context, rt *route, parts []int32) (map[int32]recovered, error) {
+	log := p.log.With(zap.String("service", rt.service), zap.String("topic", rt.from))
+	notify := func(what string) retry.Notify {
+		return func(err error, wait time.Duration) {
+			log.Warn("recovery: "+what+" failed: retrying", zap.Int32s("partitions", parts), zap.Duration("retry_in", wait), zap.Error(err))
+		}
+	}
+	out := make(map[int32]recovered, len(parts))
+	// 1. Fence the previous owners.
+	progress := make(map[int32]dedup.Progress, len(parts))
+	for _, part := range parts {
+		dp := p.dpart(rt, part)
+		prog, err := retry.Do(ctx, p.retry, notify("acquire"), storeOp(func() (dedup.Progress, error) {
+			return p.store.Acquire(ctx, dp)
+		}))
+		if err != nil {
+			return nil, err
+		}
+		progress[part] = prog
+	}
+	// 2. Then read C.
+	committed, err := retry.Do(ctx, p.retry, notify("fetching committed offsets"), func() (map[int32]int64, error) {
+		return p.fetchCommitted(ctx, rt.from, parts)
+	})
+	if err != nil {
+		return nil, err
+	}
+	// 3. Plan.
+	for _, part := range parts {
+		dp := p.dpart(rt, part)
+		prog := progress[part]
+		c, hasC := committed[part]
+		r, err := retry.Do(ctx, p.retry, notify("planning"), func() (recovered, error) {
+			return p.planPartition(ctx, rt, dp, prog, c, hasC)
+		})
+		if err != nil {
+			return nil, err
+		}
+		out[part] = r
+		fields := []zap.Field{zap.Int32("partition", part), zap.Int64("epoch", r.epoch), zap.Int64("progress", r.next)}
+		if hasC {
+			fields = append(fields, zap.Int64("committed", c))
+		}
+		if r.plan.replay != nil {
+			fields = append(fields, zap.Int64("replay_until", r.plan.replay.until), zap.Int("replay_entries", len(r.plan.replay.log)))
+		}
+		if r.plan.catchUpTo > 0 {
+			fields = append(fields, zap.Int64("catch_up_to", r.plan.catchUpTo))
+		}
+		log.Info("partition assigned", fields...)
+	}
+	return out, nil
+}
+
+// planPartition compares C with P for one partition (see above).
+func (p *Pipeline) planPartition(ctx context.Context, rt *route, dp dedup.Partition, prog dedup.Progress, c int64, hasC bool) (recovered, error) {
+	r := recovered{epoch: prog.Epoch, next: prog.Next, committed: -1}
+	if hasC {
+		r.committed = c
+	}
+	fromLog := func(from int64) (bool, error) {
+		entries, covered, err := p.store.Logged(ctx, dp, from, prog.Next)
+		if err != nil || !covered {
+			return false, err
+		}
+		r.plan.replay = &replay{until: prog.Next, log: entries}
+		r.start = kgo.NewOffset().At(from)
+		return true, nil
+	}
+	switch {
+	case !prog.HasNext:
+		start := c
+		if !hasC {
+			var err error
+			if start, err = p.startOffset(ctx, rt.from, dp.Partition); err != nil {
+				return r, err
+			}
+		}
+		if err := p.store.InitProgress(ctx, dp, prog.Epoch, start); err != nil {
+			return r, permanentUnlessOutage(err)
+		}
+		r.next, r.start = start, kgo.NewOffset().At(start)
+	case !hasC:
+		first, ok, err := p.store.LogStart(ctx, dp)
+		if err != nil {
+			return r, err
+		}
+		if ok && first < prog.Next {
+			if replaying, err := fromLog(first); err != nil || replaying {
+				return r, err
+			}
+		}
+		r.start = kgo.NewOffset().At(prog.Next)
+	case c == prog.Next:
+		r.start = kgo.NewOffset().At(prog.Next)
+	case c < prog.Next:
+		if replaying, err := fromLog(c); err != nil || replaying {
+			return r, err
+		}
+		r.start = kgo.NewOffset().At(prog.Next)
+	default: // c > P
+		r.plan.catchUpTo = c
+		r.start = kgo.NewOffset().At(prog.Next)
+	}
+	return r, nil
+}
+
+// startOffset is where a partition without any position starts:
+// kafka.start's end (the last stable offset: the input is read
+// read_committed) or beginning.
+func (p *Pipeline) startOffset(ctx context.Context, topic string, part int32) (int64, error) {
+	adm := kadm.NewClient(p.client)
+	var listed kadm.ListedOffsets
+	var err error
+	if p.cfg.Kafka.Start == config.StartEarliest {
+		listed, err = adm.ListStartOffsets(ctx, topic)
+	} else {
+		listed, err = adm.ListCommittedOffsets(ctx, topic)
+	}
+	if err != nil {
+		return 0, err
+	}
+	o, ok := listed.Lookup(topic, part)
+	if !ok {
+		return 0, fmt.Errorf("listing offsets of %s/%d: partition missing from the reply", topic, part)
+	}
+	if o.Err != nil {
+		return 0, fmt.Errorf("listing offsets of %s/%d: %w", topic, part, o.Err)
+	}
+	return o.Offset, nil
+}
+
+// fetchCommitted reads the group's committed offsets of topic's parts,
+// waiting for pending transactional commits to settle (require-stable).
+// A partition without a commit is absent from the result.
+func (p *Pipeline) fetchCommitted(ctx context.Context, topic string, parts []int32) (map[int32]int64, error) {
+	adm := kadm.NewClient(p.client)
+	resps, err := adm.FetchOffsetsForTopics(kadm.RequireStable(ctx), p.cfg.Kafka.Group, topic)
+	if err != nil {
+		return nil, err
+	}
+	if err := resps.Error(); err != nil {
+		return nil, err
+	}
+	out := make(map[int32]int64, len(parts))
+	for _, part := range parts {
+		if o, ok := resps.Lookup(topic, part); ok && o.At >= 0 {
+			out[part] = o.At
+		}
+	}
+	return out, nil
+}
+
+func permanentUnlessOutage(err error) error {
+	if err != nil && !errors.Is(err, dedup.ErrUnavailable) {
+		return retry.Permanent(err)
+	}
+	return err
+}
+
+// replay re-delivers the logged decisions of [C, P) from recs (the records
+// from C on, as fetched: retention and compaction may have removed some),
+// and returns the records past the replay. It commits as it goes, but never
+// past an unreadable forward whose entity is still owed.
+func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, error) {
+	rp := w.plan.replay
+	j := &job{polled: polled}
+	i := 0
+	for ; i < len(recs) && recs[i].Offset < rp.until; i++ {
+		r := recs[i]
+		rp.skipTo(r.Offset)
+		if len(rp.log) > 0 && rp.log[0].Offset == r.Offset {
+			e := rp.log[0]
+			rp.log = rp.log[1:]
+			switch e.Decision {
+			case dedup.Forward:
+				j.add(w.rt.output(r, false), r, outcomeRebuilt)
+				delete(rp.owed, string(e.Entity))
+			case dedup.Invalid:
+				_, cause := w.rt.classify(r)
+				if cause == nil {
+					cause = errors.New("invalid when decided (the route's configuration changed since)")
+				}
+				if w.rt.dlq != "" {
+					j.add(w.rt.deadLetter(r, cause), r, outcomeRebuilt)
+				} else {
+					j.counts[outcomeRebuilt]++
+				}
+			}
+		} else if entity, owed := rp.owes(w.rt, r); owed {
+			// A duplicate of a forward that can no longer be read: the
+			// adapter may never have received this content.
+			j.add(w.rt.output(r, false), r, outcomeRebuilt)
+			delete(rp.owed, string(entity))
+		} else if w.rt.shadow {
+			j.add(w.rt.output(r, true), r, outcomeRebuilt)
+		} else {
+			j.counts[outcomeRebuilt]++
+		}
+		if len(rp.owed) == 0 {
+			j.commitTo, j.epoch = r.Offset+1, r.LeaderEpoch
+		}
+	}
+	if i < len(recs) || (i > 0 && recs[i-1].Offset == rp.until-1) {
+		// The replay is complete: what was not read is gone.
+		rp.skipTo(rp.until)
+		if len(rp.owed) > 0 {
+			entities := make([][]byte, 0, len(rp.owed))
+			for e := range rp.owed {
+				entities = append(entities, []byte(e))
+			}
+			w.log.Warn("logged forwards can no longer be read and no later record of their entities is left before the progress; resetting the entities' state so that their next record is forwarded",
+				zap.Int("entities", len(entities)))
+			_, err := retryStep(w, sideDecide, "resetting unreadable entities", w.d.metrics.storeErrors, storeOp(func() (int64, error) {
+				return w.d.store.Reset(w.dctx, w.rt.service, entities...)
+			}))
+			if err != nil {
+				return nil, err
+			}
+			rp.owed = nil
+		}
+		w.plan.replay = nil
+		j.commitTo, j.epoch = rp.until, -1
+	}
+	if len(j.out) > 0 || j.commitTo > 0 || j.counts != (outcomes{}) {
+		if err := w.send(j); err != nil {
+			return nil, err
+		}
+	}
+	return recs[i:], nil
+}
+
+// skipTo passes over the log entries below offset: their records were not
+// read (removed by retention or compaction). A dead letter is gone with its
+// record; a forward makes its entity owed.
+func (rp *replay) skipTo(offset int64) {
+	for len(rp.log) > 0 && rp.log[0].Offset < offset {
+		e := rp.log[0]
+		rp.log = rp.log[1:]
+		if e.Decision != dedup.Forward {
+			continue
+		}
+		if rp.owed == nil {
+			rp.owed = map[string]int64{}
+		}
+		if _, ok := rp.owed[string(e.Entity)]; !ok {
+			rp.owed[string(e.Entity)] = e.Offset
+		}
+	}
+}
+
+// owes reports whether r belongs to an owed entity (and which).
+func (rp *replay) owes(rt *route, r *kgo.Record) ([]byte, bool) {
+	if len(rp.owed) == 0 {
+		return nil, false
+	}
+	entity, err := rt.entity(r)
+	if err != nil {
+		return nil, false
+	}
+	_, ok := rp.owed[string(entity)]
+	return entity, ok
+}
