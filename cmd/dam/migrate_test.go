@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io/fs"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/migrations"
@@ -51,5 +55,43 @@ func TestMigrateWithoutDSN(t *testing.T) {
 	t.Setenv(envPostgresDSN, "")
 	if code, _, errOut := runDam(t, "migrate"); code != 2 || !strings.Contains(errOut, "--dsn") {
 		t.Fatalf("got %d %q, want usage error", code, errOut)
+	}
+}
+
+// A migration that cannot apply is not an outage: dam run exits at once
+// with the error, instead of retrying it forever.
+func TestRunExitsOnBrokenMigration(t *testing.T) {
+	unsetDSN(t)
+	dsn := pgtest.DSN(t)
+	if code, out, errOut := runDam(t, "migrate", "--dsn", dsn, "--down"); code != 0 {
+		t.Fatalf("migrate --down: %d %q %q", code, out, errOut)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A table of dam's name but not dam's: the first migration fails on it.
+	_, err = conn.Exec(ctx, `CREATE TABLE state (x int)`)
+	conn.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := writeRunConfig(t, dsn, "")
+	done := make(chan struct{})
+	var code int
+	var errOut string
+	go func() {
+		defer close(done)
+		code, _, errOut = runDam(t, "run", "--config", path)
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("dam run still running 20s after a migration failed: it retries a broken migration")
+	}
+	if code != 1 || !strings.Contains(errOut, "migrating the schema") || !strings.Contains(errOut, "state") {
+		t.Fatalf("dam run: exit %d, %q; want exit 1 naming the migration error", code, errOut)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/retry"
 	"github.com/dam-dedup/dam/migrations"
 	"github.com/dam-dedup/dam/pipeline"
 )
@@ -142,7 +142,11 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 	if hooks != nil && hooks.started != nil {
 		hooks.started(pl, addr)
 	}
-	return g.Wait()
+	if err := g.Wait(); errors.Is(err, pipeline.ErrConfig) {
+		return usageError{err} // the cluster contradicts the configuration
+	} else {
+		return err
+	}
 }
 
 // httpHandler serves /metrics, /healthz (the process is up) and /readyz
@@ -164,33 +168,28 @@ func httpHandler(reg *prometheus.Registry, pl *pipeline.Pipeline) http.Handler {
 }
 
 // migrateWithRetry applies the migrations at start (postgres.migrate),
-// waiting with capped backoff while PostgreSQL is unreachable.
+// waiting with capped backoff while PostgreSQL is unreachable. Any other
+// error (a wrong password, a migration that does not apply) needs a
+// person: it is returned at once, and dam exits saying so.
 func migrateWithRetry(ctx context.Context, cfg config.Config, log *zap.Logger) error {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval, bo.MaxInterval = cfg.Pipeline.RetryMin, cfg.Pipeline.RetryMax
-	for {
-		err := func() error {
-			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			conn, err := pgx.Connect(cctx, cfg.Postgres.DSN)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-			return migrations.Up(ctx, conn)
-		}()
+	pol := retry.Policy{Min: cfg.Pipeline.RetryMin, Max: cfg.Pipeline.RetryMax}
+	err := retry.Run(ctx, pol, func(err error, wait time.Duration) {
+		log.Warn("postgres: unreachable while migrating; retrying", zap.Duration("retry_in", wait), zap.Error(err))
+	}, func() error {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(cctx, cfg.Postgres.DSN)
 		if err == nil {
-			return nil
+			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+			err = migrations.Up(ctx, conn)
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if err != nil && !dedup.Transient(err) {
+			return retry.Permanent(err)
 		}
-		wait := bo.NextBackOff()
-		log.Warn("postgres: migrating failed; retrying", zap.Duration("retry_in", wait), zap.Error(err))
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
+		return err
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("postgres: migrating the schema: %w", err)
 	}
+	return err
 }
