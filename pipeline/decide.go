@@ -22,12 +22,31 @@ import (
 // worker stops or parks.
 func (w *worker) decideLoop() {
 	defer close(w.jobs)
+	flushWait := w.d.set.retry.Backoff()
 	for {
-		recs, polled, ok := w.q.take(w.dctx, w.d.set.batchSize)
+		// Batches forwarded undecided are written back as soon as the
+		// store answers, new records or not: until then the partition
+		// reports the outage.
+		var wait time.Duration
+		if len(w.pending) > 0 {
+			wait = flushWait.NextBackOff()
+		} else {
+			flushWait.Reset()
+		}
+		recs, polled, ok := w.q.take(w.dctx, w.d.set.batchSize, wait)
 		if !ok {
 			return
 		}
-		if err := w.process(recs, polled); err != nil {
+		var err error
+		if len(recs) == 0 {
+			if err = w.flush(); errors.Is(err, dedup.ErrUnavailable) {
+				w.log.Debug("store still unavailable: the records forwarded undecided wait to be written", zap.Error(err))
+				err = nil
+			}
+		} else {
+			err = w.process(recs, polled)
+		}
+		if err != nil {
 			if w.dctx.Err() != nil {
 				return // stopping
 			}
@@ -179,7 +198,9 @@ func (w *worker) decide(b *dedup.Batch) (decisions []dedup.Decision, undecided b
 // decideOnce is one Decide of b.
 func (w *worker) decideOnce(b *dedup.Batch) ([]dedup.Decision, error) {
 	start := time.Now()
-	decisions, err := w.d.store.Decide(w.dctx, b, nil)
+	ctx, cancel := w.storeCtx(w.dctx)
+	defer cancel()
+	decisions, err := w.d.store.Decide(ctx, b, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +226,9 @@ func (w *worker) decideResolving(b *dedup.Batch) ([]dedup.Decision, error) {
 		return nil, retry.Permanent(err) // fenced, or a store error retrying cannot fix
 	}
 	prog, perr := retryStep(w, sideDecide, "reading progress after a failed decide", w.d.metrics.storeErrors, storeOp(func() (dedup.Progress, error) {
-		return w.d.store.ReadProgress(w.dctx, w.part)
+		ctx, cancel := w.storeCtx(w.dctx)
+		defer cancel()
+		return w.d.store.ReadProgress(ctx, w.part)
 	}))
 	if perr != nil {
 		return nil, retry.Permanent(perr)
@@ -236,7 +259,9 @@ func (w *worker) decisionsFromLog(b *dedup.Batch) ([]dedup.Decision, error) {
 		return decisions, nil // nothing is delivered for a catch-up batch
 	}
 	logged, err := retryStep(w, sideDecide, "reading the decision log", w.d.metrics.storeErrors, storeOp(func() ([]dedup.LoggedDecision, error) {
-		entries, _, err := w.d.store.Logged(w.dctx, w.part, b.Start, b.End)
+		ctx, cancel := w.storeCtx(w.dctx)
+		defer cancel()
+		entries, _, err := w.d.store.Logged(ctx, w.part, b.Start, b.End)
 		return entries, err
 	}))
 	if err != nil {
@@ -268,7 +293,9 @@ func (w *worker) decisionsFromLog(b *dedup.Batch) ([]dedup.Decision, error) {
 // The first batch may have committed before its reply was lost: P says
 // where to resume.
 func (w *worker) flush() error {
-	prog, err := w.d.store.ReadProgress(w.dctx, w.part)
+	ctx, cancel := w.storeCtx(w.dctx)
+	prog, err := w.d.store.ReadProgress(ctx, w.part)
+	cancel()
 	if err != nil {
 		return err
 	}

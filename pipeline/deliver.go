@@ -108,16 +108,23 @@ func (w *worker) deliver(j *job) error {
 // produced again. A record Kafka refuses for good (too large, invalid) is
 // replaced by a dead letter without its value, produced at once; if the
 // route has no dead-letter topic, or even that letter is refused, the job
-// is marked stuck at it. Any other failure is returned, to be retried.
+// is marked stuck at it, and the records after it are not produced (unless
+// the broker refused it, after they were sent). Any other failure is
+// returned, to be retried.
 func (w *worker) produce(j *job) error {
+	w.precheck(j)
 	for {
 		var (
 			wg      sync.WaitGroup
 			errs    = make([]error, len(j.out))
 			pending int
 		)
-		for i := range j.out {
-			if j.out[i].acked || i == j.stuck-1 {
+		end := len(j.out)
+		if j.stuck > 0 {
+			end = j.stuck - 1
+		}
+		for i := range j.out[:end] {
+			if j.out[i].acked {
 				continue
 			}
 			pending++
@@ -133,9 +140,9 @@ func (w *worker) produce(j *job) error {
 		wg.Wait()
 		var first error
 		replaced := false
-		for i := range j.out {
+		for i := range j.out[:end] {
 			o := &j.out[i]
-			if o.acked || i == j.stuck-1 {
+			if o.acked {
 				continue
 			}
 			err := errs[i]
@@ -143,7 +150,7 @@ func (w *worker) produce(j *job) error {
 			case err == nil:
 				o.acked = true
 			case refusedForGood(err):
-				if !w.refuse(j, i, err) {
+				if !w.refuse(j, i, err) && (j.stuck == 0 || i < j.stuck-1) {
 					j.stuck = i + 1
 				}
 				replaced = true
@@ -155,6 +162,57 @@ func (w *worker) produce(j *job) error {
 			return first
 		}
 	}
+}
+
+// precheck refuses, before they are sent, the records larger than their
+// topic accepts (what the producer would refuse at once): so that, on a
+// route without a dead-letter topic, nothing after such a record is
+// delivered before the partition halts at it.
+func (w *worker) precheck(j *job) {
+	for i := 0; i < len(j.out); {
+		o := &j.out[i]
+		limit := int(w.d.limits.get(o.rec.Topic))
+		if n := recordBatchSize(o.rec); !o.acked && n > limit {
+			err := fmt.Errorf("%w (the record takes %d bytes in a batch of its own; %s accepts %d)", kerr.MessageTooLarge, n, o.rec.Topic, limit)
+			if !w.refuse(j, i, err) {
+				j.stuck = i + 1
+				return
+			}
+			continue // check the dead letter that replaced it
+		}
+		i++
+	}
+}
+
+// recordBatchSize is the size of a record batch holding r alone, as
+// Kafka's v2 format encodes it and as max.message.bytes bounds it.
+func recordBatchSize(r *kgo.Record) int {
+	const batchHeader = 61
+	body := 1 + 1 + 1 // attributes, timestamp delta 0, offset delta 0
+	body += varintLen(len(r.Key)) + len(r.Key)
+	if r.Key == nil {
+		body = body - varintLen(0) + varintLen(-1)
+	}
+	body += varintLen(len(r.Value)) + len(r.Value)
+	if r.Value == nil {
+		body = body - varintLen(0) + varintLen(-1)
+	}
+	body += varintLen(len(r.Headers))
+	for _, h := range r.Headers {
+		body += varintLen(len(h.Key)) + len(h.Key) + varintLen(len(h.Value)) + len(h.Value)
+	}
+	return batchHeader + varintLen(body) + body
+}
+
+// varintLen is the length of n as a zigzag varint.
+func varintLen(n int) int {
+	u := uint64((n << 1) ^ (n >> 63))
+	l := 1
+	for u >= 0x80 {
+		u >>= 7
+		l++
+	}
+	return l
 }
 
 // refusedForGood reports a produce error caused by the record itself, which
@@ -193,7 +251,9 @@ func (w *worker) checkOwner() error {
 	if time.Since(time.Unix(0, w.provenAt.Load())) < w.d.set.lease {
 		return nil
 	}
-	prog, err := w.d.store.ReadProgress(w.ctx, w.part)
+	ctx, cancel := w.storeCtx(w.ctx)
+	prog, err := w.d.store.ReadProgress(ctx, w.part)
+	cancel()
 	if err == nil {
 		if prog.Epoch != w.epoch {
 			return retry.Permanent(fmt.Errorf("%w: %s/%d: epoch %d, ours %d", dedup.ErrFenced, w.part.Topic, w.part.Partition, prog.Epoch, w.epoch))
@@ -241,7 +301,9 @@ func (w *worker) pruneLog() {
 		return
 	}
 	w.lastPrune = time.Now()
-	if _, err := w.d.store.PruneLog(w.ctx, w.part, w.committed); err != nil && w.ctx.Err() == nil {
+	ctx, cancel := w.storeCtx(w.ctx)
+	defer cancel()
+	if _, err := w.d.store.PruneLog(ctx, w.part, w.committed); err != nil && w.ctx.Err() == nil {
 		w.log.Warn("pruning the decision log failed; it is retried later", zap.Error(err))
 	}
 }

@@ -92,7 +92,7 @@ func (p *Pipeline) Ready() error {
 	for t, parts := range p.workers {
 		for part, w := range parts {
 			if err := w.health.status(); err != nil {
-				return fmt.Errorf("%w: %s/%d: %v", ErrNotReady, t, part, err)
+				return fmt.Errorf("%w: %s/%d: %w", ErrNotReady, t, part, err)
 			}
 		}
 	}

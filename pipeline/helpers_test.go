@@ -94,6 +94,13 @@ func start(t *testing.T, cfg config.Config, store *dedup.Store) *running {
 	if err != nil {
 		t.Fatalf("pipeline.New: %v", err)
 	}
+	return run(t, pl, reg)
+}
+
+// run runs a pipeline whose metrics go to reg until stop (or the end of the
+// test).
+func run(t *testing.T, pl *pipeline.Pipeline, reg *prometheus.Registry) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{t: t, pl: pl, reg: reg, cancel: cancel, errc: make(chan error, 1)}
 	go func() { r.errc <- pl.Run(ctx) }()
@@ -109,6 +116,8 @@ func start(t *testing.T, cfg config.Config, store *dedup.Store) *running {
 	})
 	return r
 }
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 // stop cancels the pipeline's context and requires Run to return nil.
 func (r *running) stop() {
@@ -236,6 +245,14 @@ type kv struct{ Key, Value string }
 
 func (x kv) String() string { return x.Key + "=" + x.Value }
 
+// short cuts s to n bytes for messages.
+func short(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return fmt.Sprintf("%s...(%d bytes)", s[:n], len(s))
+}
+
 const tombstone = "<nil>"
 
 func kvOf(r *kgo.Record) kv {
@@ -256,7 +273,8 @@ func dump(recs []*kgo.Record) string {
 			fmt.Fprintf(&b, "... (%d more)", len(recs)-20)
 			break
 		}
-		fmt.Fprintf(&b, "%d/%d %s", r.Partition, r.Offset, kvOf(r))
+		x := kvOf(r)
+		fmt.Fprintf(&b, "%d/%d %s=%s", r.Partition, r.Offset, short(x.Key, 40), short(x.Value, 60))
 	}
 	return b.String()
 }

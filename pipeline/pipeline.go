@@ -59,6 +59,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
 	"github.com/twmb/franz-go/plugin/kzap"
@@ -97,7 +98,7 @@ type Pipeline struct {
 	routes  map[string]*route // by input topic
 	retry   retry.Policy
 	deps    *deps
-	limits  batchLimits
+	limits  *batchLimits
 
 	client *kgo.Client
 	// base is the parent of the workers' contexts: Run's context without
@@ -111,6 +112,8 @@ type Pipeline struct {
 	stopping bool
 
 	probes probes
+	// fetchWarned is when each fetch error was last logged (poll loop only).
+	fetchWarned map[string]time.Time
 }
 
 // New validates the configuration (as config.Validate does: a Config built
@@ -129,6 +132,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		log:     zap.NewNop(),
 		reg:     prometheus.NewRegistry(),
 		routes:  map[string]*route{},
+		limits:  &batchLimits{},
 		workers: map[string]map[int32]*worker{},
 		retry:   retry.Policy{Min: cfg.Pipeline.RetryMin, Max: cfg.Pipeline.RetryMax},
 	}
@@ -151,6 +155,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		store:   store,
 		metrics: p.metrics,
 		budget:  newBudget(cfg.Pipeline.MaxInFlight),
+		limits:  p.limits,
 		set: settings{
 			group:      cfg.Kafka.Group,
 			batchSize:  cfg.Pipeline.BatchSize,
@@ -158,6 +163,9 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 			retry:      p.retry,
 			lease:      ownershipLease(cfg.Kafka.SessionTimeout),
 			pruneEvery: 5 * time.Second,
+			// Two statements of a decide, each bounded by the server, a
+			// wait for a lock, and a connection.
+			storeTimeout: 2*cfg.Postgres.StatementTimeout + cfg.Postgres.LockTimeout + 5*time.Second,
 		},
 	}
 	return p, nil
@@ -287,37 +295,69 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		})
 		cl.AllowRebalance()
 	}
-	p.shutdown()
+	leaveBy := p.shutdown()
 	stopBg()
 	bg.Wait()
-	cl.Close() // leaves the group; the partitions are already finished
+	// Leave the group within the grace period, broker or not; the
+	// partitions are already finished.
+	lctx, cancel := context.WithDeadline(p.base, leaveBy)
+	if err := cl.LeaveGroupContext(lctx); err != nil {
+		p.log.Warn("leaving the consumer group failed; the group expels this member after its session timeout", zap.Error(err))
+	}
+	cancel()
+	cl.Close()
 	p.log.Info("stopped")
 	return nil
 }
 
-// fetchError handles a fetch error of one partition: data loss halts it
-// (the input was recreated or truncated under dam: never skip, never read
-// again silently); the client retries everything else.
+// fetchError handles a fetch error of one partition. Lost input halts the
+// partition: franz-go's data-loss error (the log was truncated below what
+// was read) or an unknown topic id (the topic was deleted, perhaps
+// recreated: franz-go keeps failing it). dam never skips records, nor
+// reads a new topic's records against the old one's progress. The client
+// retries everything else; the warning is logged once a minute per
+// partition and error, not at the fetch rate.
 func (p *Pipeline) fetchError(topic string, part int32, err error) {
 	if errors.Is(err, context.Canceled) {
 		return
 	}
 	var dl *kgo.ErrDataLoss
-	if errors.As(err, &dl) {
-		if w := p.worker(topic, part); w != nil {
-			w.park(fmt.Errorf("%w: %s/%d: %v; the partition halts (was the topic recreated or truncated?): reset its progress deliberately to go on",
-				ErrDataLoss, topic, part, dl))
+	if errors.As(err, &dl) || errors.Is(err, kerr.UnknownTopicID) {
+		if w := p.worker(topic, part); w != nil && w.health.status() == nil {
+			w.park(fmt.Errorf("%w: %s/%d: %v: the input lost records dam had reached (was the topic deleted, recreated or truncated?); "+
+				"the partition halts: to go on, reset its consumer group offset and progress deliberately", ErrDataLoss, topic, part, err))
 		}
 		return
 	}
+	key := fmt.Sprintf("%s/%d: %v", topic, part, err)
+	if last, ok := p.fetchWarned[key]; ok && time.Since(last) < time.Minute {
+		return
+	}
+	if p.fetchWarned == nil || len(p.fetchWarned) > 1000 {
+		p.fetchWarned = map[string]time.Time{}
+	}
+	p.fetchWarned[key] = time.Now()
 	p.log.Warn("fetch error (the client retries)", zap.String("topic", topic), zap.Int32("partition", part), zap.Error(err))
 }
 
 // shutdown stops every worker, letting each deliver and commit what it has
-// decided within the grace period. The workers stay registered until they
-// are revoked: a revocation that comes meanwhile (a rolling deploy) waits
-// for the same stop instead of releasing a partition still producing.
-func (p *Pipeline) shutdown() {
+// decided, and returns when the grace period ends: the deadline for leaving
+// the group. The workers stay registered until they are revoked: a
+// revocation that comes meanwhile (a rolling deploy) waits for the same
+// stop instead of releasing a partition still producing.
+//
+// The workers get the grace period less a reserve for closing the client;
+// what they could not deliver by then (a broker down) is abandoned: records
+// still buffered in the producer are failed, since a producer waiting for a
+// broker does not give them up by itself, and the next owner delivers what
+// the decision log holds.
+func (p *Pipeline) shutdown() (leaveBy time.Time) {
+	grace := p.cfg.Pipeline.ShutdownGrace
+	// franz-go's Close waits up to a second for the brokers to close their
+	// fetch sessions.
+	closing := min(time.Second, grace/3)
+	slack := min(grace/10, 500*time.Millisecond)
+	leaveBy = time.Now().Add(grace - closing)
 	p.mu.Lock()
 	p.stopping = true
 	var ws []*worker
@@ -327,16 +367,30 @@ func (p *Pipeline) shutdown() {
 		}
 	}
 	p.mu.Unlock()
-	p.log.Info("shutting down: finishing the batches in flight", zap.Int("partitions", len(ws)), zap.Duration("grace", p.cfg.Pipeline.ShutdownGrace))
-	stopAll(ws, true)
+	p.log.Info("shutting down: finishing the batches in flight", zap.Int("partitions", len(ws)), zap.Duration("grace", grace))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		stopAll(ws, true, grace-closing-2*slack)
+	}()
+	t := time.NewTimer(grace - closing - slack)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		p.log.Warn("abandoning the records still waiting for Kafka; the next owner delivers them from the decision log")
+		p.client.UnsafeAbortBufferedRecords()
+		<-done
+	}
+	return leaveBy
 }
 
 // stopAll stops workers in parallel and returns once all have stopped.
-func stopAll(ws []*worker, finish bool) {
+func stopAll(ws []*worker, finish bool, within time.Duration) {
 	var wg sync.WaitGroup
 	for _, w := range ws {
 		wg.Add(1)
-		go func() { defer wg.Done(); w.stop(finish) }()
+		go func() { defer wg.Done(); w.stop(finish, within) }()
 	}
 	wg.Wait()
 }
@@ -365,7 +419,7 @@ func (p *Pipeline) onJoined(context.Context, *kgo.Client, map[string][]int32) {
 func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	var started []*worker
 	fail := func(err error) (map[string]map[int32]kgo.Offset, error) {
-		stopAll(started, false)
+		stopAll(started, false, p.cfg.Pipeline.ShutdownGrace)
 		p.unregister(started)
 		return nil, err
 	}
@@ -393,7 +447,7 @@ func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]
 			p.workers[topic][part] = w
 			p.mu.Unlock()
 			if old != nil { // cannot happen: franz-go revokes before it reassigns
-				old.stop(false)
+				old.stop(false, p.cfg.Pipeline.ShutdownGrace)
 			}
 			w.start()
 			started = append(started, w)
@@ -411,7 +465,7 @@ func (p *Pipeline) onRevoked(_ context.Context, _ *kgo.Client, revoked map[strin
 	if len(ws) > 0 {
 		p.log.Info("partitions revoked: finishing them", zap.Any("partitions", revoked))
 	}
-	stopAll(ws, true)
+	stopAll(ws, true, p.cfg.Pipeline.ShutdownGrace)
 	p.unregister(ws)
 }
 
@@ -423,7 +477,7 @@ func (p *Pipeline) onLost(_ context.Context, _ *kgo.Client, lost map[string][]in
 	if len(ws) > 0 {
 		p.log.Warn("partitions lost: stopping them at once", zap.Any("partitions", lost))
 	}
-	stopAll(ws, false)
+	stopAll(ws, false, p.cfg.Pipeline.ShutdownGrace)
 	p.unregister(ws)
 }
 

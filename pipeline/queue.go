@@ -105,8 +105,16 @@ func (q *queue) push(recs []*kgo.Record, at time.Time) {
 }
 
 // take waits for records and returns up to n of them with the poll time of
-// the oldest, or ok false once the queue is closed or ctx ends.
-func (q *queue) take(ctx context.Context, n int) (recs []*kgo.Record, polled time.Time, ok bool) {
+// the oldest, or ok false once the queue is closed or ctx ends. With a
+// positive wait, it returns no records (and ok true) once wait has passed
+// without any.
+func (q *queue) take(ctx context.Context, n int, wait time.Duration) (recs []*kgo.Record, polled time.Time, ok bool) {
+	var timeout <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
+	}
 	for {
 		q.mu.Lock()
 		if q.closed || ctx.Err() != nil {
@@ -136,6 +144,8 @@ func (q *queue) take(ctx context.Context, n int) (recs []*kgo.Record, polled tim
 		select {
 		case <-q.wake:
 		case <-ctx.Done():
+		case <-timeout:
+			return nil, time.Time{}, true
 		}
 	}
 }

@@ -35,13 +35,23 @@ func TestTakePollTimes(t *testing.T) {
 		{4, t0.Add(time.Second)},     // the rest of the second run and the third
 		{5, t0.Add(2 * time.Second)}, // what is left: one record
 	} {
-		got, polled, ok := q.take(context.Background(), want.n)
+		got, polled, ok := q.take(context.Background(), want.n, 0)
 		if !ok || !polled.Equal(want.polled) {
 			t.Fatalf("take %d: %d records, polled %v, ok %v; want polled %v", i, len(got), polled, ok, want.polled)
 		}
 	}
 	if len(q.recs) != 0 || len(q.polls) != 0 || b.queued.Load() != 0 {
 		t.Fatalf("queue %d, polls %v, budget %d after taking everything", len(q.recs), q.polls, b.queued.Load())
+	}
+}
+
+// TestTakeWait: with a wait, take returns empty-handed when nothing comes.
+func TestTakeWait(t *testing.T) {
+	q := newQueue(newBudget(10))
+	start := time.Now()
+	got, _, ok := q.take(context.Background(), 5, 50*time.Millisecond)
+	if len(got) != 0 || !ok || time.Since(start) < 50*time.Millisecond {
+		t.Fatalf("take with a wait on an empty queue: %d records, ok %v after %v", len(got), ok, time.Since(start))
 	}
 }
 
@@ -71,7 +81,7 @@ func TestOverBudget(t *testing.T) {
 	if b.queued.Load() != 5 {
 		t.Fatalf("a closed queue took records: queued %d", b.queued.Load())
 	}
-	if _, _, ok := q0.take(context.Background(), 1); ok {
+	if _, _, ok := q0.take(context.Background(), 1, 0); ok {
 		t.Fatal("take on a closed queue returned records")
 	}
 }

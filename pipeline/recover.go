@@ -85,6 +85,8 @@ func (p *Pipeline) recoverPartitions(ctx context.Context, rt *route, parts []int
 	for _, part := range parts {
 		dp := p.dpart(rt, part)
 		prog, err := retry.Do(ctx, p.retry, notify("acquire"), storeOp(func() (dedup.Progress, error) {
+			ctx, cancel := context.WithTimeout(ctx, p.deps.set.storeTimeout)
+			defer cancel()
 			return p.store.Acquire(ctx, dp)
 		}))
 		if err != nil {
@@ -105,6 +107,8 @@ func (p *Pipeline) recoverPartitions(ctx context.Context, rt *route, parts []int
 		prog := progress[part]
 		c, hasC := committed[part]
 		r, err := retry.Do(ctx, p.retry, notify("planning"), func() (recovered, error) {
+			ctx, cancel := context.WithTimeout(ctx, p.deps.set.storeTimeout)
+			defer cancel()
 			return p.planPartition(ctx, rt, dp, prog, c, hasC)
 		})
 		if err != nil {
@@ -286,7 +290,9 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 			w.log.Warn("logged forwards can no longer be read and no later record of their entities is left before the progress; resetting the entities' state so that their next record is forwarded",
 				zap.Int("entities", len(entities)))
 			_, err := retryStep(w, sideDecide, "resetting unreadable entities", w.d.metrics.storeErrors, storeOp(func() (int64, error) {
-				return w.d.store.Reset(w.dctx, w.rt.service, entities...)
+				ctx, cancel := w.storeCtx(w.dctx)
+				defer cancel()
+				return w.d.store.Reset(ctx, w.rt.service, entities...)
 			}))
 			if err != nil {
 				return nil, err

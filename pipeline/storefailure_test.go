@@ -1,8 +1,10 @@
 package pipeline_test
 
 import (
+	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -67,4 +69,39 @@ func TestOnStoreFailureForward(t *testing.T) {
 	if dl := kc.ReadAll("dlq"); len(dl) != 1 || string(dl[0].Key) != "k3" {
 		t.Errorf("dead letters %v, want the one bad record", dump(dl))
 	}
+}
+
+// Finding 3: a lone bad record decided while PostgreSQL is down (with
+// on_store_failure: forward) is dead-lettered and its offset written back
+// with the next batches: P covers it, so the next decide is not falsely
+// fenced and the partition does not stay not-ready until a restart.
+func TestLoneBadRecordDuringOutage(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out", "dlq")
+	proxy, dsn, direct := pgProxy(t)
+	rt := route("svc", "in", "out")
+	rt.DeadLetter = "dlq"
+	rt.OnStoreFailure = config.OnStoreFailureForward
+	cfg := testConfig(t, kc, dsn, rt)
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("k1", `"A"`))
+	r.waitRecords("svc", 1)
+
+	proxy.Cut()
+	one(t, kc, "in", rec("bad", `{bad`)) // alone in its batch
+	r.waitRecords("svc", 2)
+	proxy.Restore()
+	one(t, kc, "in", rec("k1", `"B"`))
+	r.waitRecords("svc", 3)
+	waitModel(t, kc, "out", map[string][]string{"k1": {`"A"`, `"B"`}})
+	waitFor(t, "ready again", func() (bool, string) {
+		err := r.pl.Ready()
+		return err == nil, fmt.Sprint(err)
+	})
+	waitProgress(t, openStore(t, direct), cfg, "in", 0, 3)
+	if dl := kc.ReadAll("dlq"); len(dl) != 1 || string(dl[0].Key) != "bad" {
+		t.Errorf("dead letters %s, want the bad record", dump(dl))
+	}
+	r.stop()
 }

@@ -29,6 +29,10 @@ type settings struct {
 	// producer: a process paused past it (a zombie) checks the epoch first.
 	lease      time.Duration
 	pruneEvery time.Duration
+	// storeTimeout bounds each call to PostgreSQL: a connection into a
+	// network black hole would otherwise wait for TCP to give up, minutes
+	// later. A call cut short has an unknown outcome, resolved as any other.
+	storeTimeout time.Duration
 }
 
 // deps are what every worker shares: the store, the Kafka client (producer
@@ -38,6 +42,7 @@ type deps struct {
 	client  *kgo.Client
 	metrics *metrics
 	budget  *budget
+	limits  *batchLimits
 	set     settings
 }
 
@@ -127,24 +132,24 @@ func (w *worker) start() {
 
 // stop ends the worker and returns once it has ended. With finish (a
 // revocation, a shutdown), the batches it has decided are delivered and
-// committed first, within the grace period; then, or at once without
-// finish (the partition is lost), it is stopped hard. Either way, when
-// stop returns every record the worker handed to the producer has been
+// committed first, within the given time; then, or at once without finish
+// (the partition is lost), it is stopped hard. Either way, when stop
+// returns every record the worker handed to the producer has been
 // acknowledged or failed: nothing of its can land after the partition's
 // next owner has started. Safe to call more than once, concurrently.
-func (w *worker) stop(finish bool) {
+func (w *worker) stop(finish bool, within time.Duration) {
 	w.q.close()
 	w.dcancel()
 	if !finish {
 		w.cancel()
 	}
-	t := time.NewTimer(w.d.set.grace)
+	t := time.NewTimer(within)
 	defer t.Stop()
 	select {
 	case <-w.done:
 	case <-t.C:
 		w.log.Warn("partition did not finish within the grace period; stopping it (its next owner delivers what the decision log holds)",
-			zap.Duration("grace", w.d.set.grace))
+			zap.Duration("grace", within))
 		w.cancel()
 		<-w.done
 	}
@@ -166,6 +171,11 @@ func (w *worker) park(err error) {
 	}
 	w.q.close()
 	w.dcancel()
+}
+
+// storeCtx bounds one call to PostgreSQL (see settings.storeTimeout).
+func (w *worker) storeCtx(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(parent, w.d.set.storeTimeout)
 }
 
 // proven records that ownership was just proven.

@@ -1,26 +1,64 @@
-// Package tcpproxy is a test helper: a TCP proxy that can cut every
-// connection and refuse new ones, to simulate an outage of the server
-// behind it (PostgreSQL in the outage tests) without stopping the server.
+// Package tcpproxy is a test helper: a TCP proxy in front of a server
+// (PostgreSQL in the outage and chaos tests) that injects the faults of a
+// network and of a server going away, without touching the server:
+//
+//   - Cut: every connection reset, new ones refused (a server down);
+//   - Reset: every connection reset, new ones accepted (a failover, a
+//     proxy restart);
+//   - Blackhole: nothing flows any more, nothing is closed (a partition of
+//     the network, a hung server): clients wait until their own timeouts;
+//   - Latency: every chunk delayed;
+//   - LoseNextCommitReply: the next PostgreSQL COMMIT reaches the server,
+//     its reply is lost and the connection dropped: the outcome the client
+//     cannot know.
 package tcpproxy
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// Proxy is a TCP proxy that can cut every connection and refuse new ones:
-// an outage of the server behind it, without touching the server.
+type mode int
+
+const (
+	modePass mode = iota
+	modeRefuse
+	modeBlackhole
+)
+
+// Proxy is a TCP proxy that can inject faults between its clients and the
+// server behind it.
 type Proxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cutOff bool
-	conns  map[net.Conn]struct{}
+	ln      net.Listener
+	target  string
+	latency atomic.Int64 // nanoseconds added to every chunk
+	// commit is the action armed by LoseNextCommitReply (nil: none).
+	commit atomic.Pointer[func()]
+
+	mu    sync.Mutex
+	mode  mode
+	conns map[*link]struct{}
+	wg    sync.WaitGroup
+}
+
+// link is one proxied connection.
+type link struct {
+	client, server net.Conn // server is nil while blackholed from the start
+	held           atomic.Bool
+}
+
+func (l *link) close() {
+	l.client.Close()
+	if l.server != nil {
+		l.server.Close()
+	}
 }
 
 // New starts a proxy to target (host:port) on a free loopback port, closed
@@ -31,11 +69,13 @@ func New(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[*link]struct{}{}}
+	p.wg.Add(1)
 	go p.serve()
 	t.Cleanup(func() {
 		ln.Close()
 		p.Cut()
+		p.wg.Wait()
 	})
 	return p
 }
@@ -44,69 +84,171 @@ func New(t testing.TB, target string) *Proxy {
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 func (p *Proxy) serve() {
+	defer p.wg.Done()
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
 			return
 		}
 		p.mu.Lock()
-		if p.cutOff {
+		m := p.mode
+		if m == modeRefuse {
 			p.mu.Unlock()
 			c.Close()
 			continue
 		}
-		p.conns[c] = struct{}{}
+		l := &link{client: c}
+		l.held.Store(m == modeBlackhole)
+		p.conns[l] = struct{}{}
+		p.wg.Add(1)
 		p.mu.Unlock()
-		go p.pipe(c)
+		go func() {
+			defer p.wg.Done()
+			p.pipe(l)
+		}()
 	}
 }
 
-func (p *Proxy) pipe(c net.Conn) {
+func (p *Proxy) pipe(l *link) {
+	defer p.forget(l)
+	if l.held.Load() {
+		// Accepted in a blackhole: swallow everything until the blackhole
+		// ends (the connection is then reset, as a real one would be).
+		_, _ = io.Copy(io.Discard, l.client)
+		return
+	}
 	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 	if err != nil {
-		p.drop(c)
 		return
 	}
 	p.mu.Lock()
-	if p.cutOff {
+	if _, ok := p.conns[l]; !ok { // reset meanwhile
 		p.mu.Unlock()
 		up.Close()
-		p.drop(c)
 		return
 	}
-	p.conns[up] = struct{}{}
+	l.server = up
 	p.mu.Unlock()
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); _, _ = io.Copy(up, c); up.Close(); c.Close() }()
-	go func() { defer wg.Done(); _, _ = io.Copy(c, up); up.Close(); c.Close() }()
+	var lost atomic.Bool // the reply of a COMMIT is being lost
+	go func() {          // client -> server
+		defer wg.Done()
+		p.copy(l, up, l.client, func(chunk []byte) bool {
+			if bytes.Contains(chunk, []byte("\x00COMMIT\x00")) || bytes.Contains(chunk, []byte("Q\x00\x00\x00\x0bCOMMIT\x00")) {
+				if then := p.commit.Swap(nil); then != nil {
+					lost.Store(true)
+					_, _ = up.Write(chunk)
+					go func() {
+						time.Sleep(300 * time.Millisecond) // let the server commit
+						l.close()
+						(*then)()
+					}()
+					return false
+				}
+			}
+			return true
+		})
+	}()
+	go func() { // server -> client
+		defer wg.Done()
+		p.copy(l, l.client, up, func([]byte) bool { return !lost.Load() })
+	}()
 	wg.Wait()
-	p.drop(c)
-	p.drop(up)
 }
 
-func (p *Proxy) drop(c net.Conn) {
-	c.Close()
+// copy forwards src to dst chunk by chunk while the link is not held,
+// after the latency, when pass allows it.
+func (p *Proxy) copy(l *link, dst, src net.Conn, pass func([]byte) bool) {
+	defer l.close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if d := time.Duration(p.latency.Load()); d > 0 {
+				time.Sleep(d)
+			}
+			if !l.held.Load() && pass(buf[:n]) {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *Proxy) forget(l *link) {
+	l.close()
 	p.mu.Lock()
-	delete(p.conns, c)
+	delete(p.conns, l)
 	p.mu.Unlock()
 }
 
-// Cut closes every open connection and refuses new ones until Restore.
-func (p *Proxy) Cut() {
+// closeAll resets every connection and sets the mode for new ones.
+func (p *Proxy) closeAll(m mode) {
 	p.mu.Lock()
-	p.cutOff = true
-	for c := range p.conns {
-		c.Close()
+	p.mode = m
+	for l := range p.conns {
+		l.close()
+		delete(p.conns, l)
 	}
 	p.mu.Unlock()
 }
 
-// Restore accepts connections again.
+// Cut resets every connection and refuses new ones until Restore.
+func (p *Proxy) Cut() { p.closeAll(modeRefuse) }
+
+// Reset resets every connection; new ones are accepted.
+func (p *Proxy) Reset() { p.closeAll(modePass) }
+
+// Restore ends a Cut or a Blackhole: new connections pass again.
+// Connections held by a blackhole are reset (their data is lost).
 func (p *Proxy) Restore() {
 	p.mu.Lock()
-	p.cutOff = false
+	was := p.mode
+	p.mode = modePass
 	p.mu.Unlock()
+	if was == modeBlackhole {
+		p.mu.Lock()
+		for l := range p.conns {
+			if l.held.Load() {
+				l.close()
+				delete(p.conns, l)
+			}
+		}
+		p.mu.Unlock()
+	}
+}
+
+// Blackhole stops all traffic, in both directions, on every connection,
+// closing nothing; new connections are accepted and held too. It lasts
+// until Restore or Reset.
+func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	p.mode = modeBlackhole
+	for l := range p.conns {
+		l.held.Store(true)
+	}
+	p.mu.Unlock()
+}
+
+// Latency delays every chunk, in both directions, by d (0 ends it).
+func (p *Proxy) Latency(d time.Duration) { p.latency.Store(int64(d)) }
+
+// LoseNextCommitReply arms a one-shot fault for PostgreSQL: the next COMMIT
+// a client sends (as a simple query, or in a pipeline with its text, as
+// pgx sends it with default_query_exec_mode=exec or on a fresh connection)
+// reaches the server, but its reply never reaches the client and the
+// connection is dropped 300 ms later; then runs (nil: nothing more), e.g.
+// p.Cut or p.Blackhole, to make the outage last.
+func (p *Proxy) LoseNextCommitReply(then func()) {
+	if then == nil {
+		then = func() {}
+	}
+	p.commit.Store(&then)
 }
 
 // PostgresDSN returns the host:port of a PostgreSQL DSN and a function

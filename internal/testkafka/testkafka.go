@@ -45,11 +45,26 @@ func (c *Cluster) Client(opts ...kgo.Opt) *kgo.Client {
 	return cl
 }
 
-// CreateTopic creates a topic after the start.
-func (c *Cluster) CreateTopic(topic string, partitions int32) {
+// CreateTopic creates a topic after the start, with topic configs
+// (name=value pairs, e.g. "cleanup.policy", "compact").
+func (c *Cluster) CreateTopic(topic string, partitions int32, configs ...string) {
 	c.t.Helper()
+	if len(configs)%2 != 0 {
+		c.t.Fatalf("testkafka: create topic %s: configs must be name, value pairs", topic)
+	}
+	var cfg map[string]*string
+	for i := 0; i < len(configs); i += 2 {
+		if cfg == nil {
+			cfg = map[string]*string{}
+		}
+		cfg[configs[i]] = &configs[i+1]
+	}
 	adm := kadm.NewClient(c.Client())
-	if _, err := adm.CreateTopic(context.Background(), partitions, 1, nil, topic); err != nil {
+	resp, err := adm.CreateTopic(context.Background(), partitions, 1, cfg, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
 		c.t.Fatalf("testkafka: create topic %s: %v", topic, err)
 	}
 }

@@ -1,0 +1,82 @@
+package pipeline_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testkafka"
+)
+
+// Finding 6: a partition revoked while its owner is shutting down (a
+// rolling deploy: the new pod joins as the old one drains) is released
+// only once the old owner has finished it: its late produce cannot land
+// after the new owner's record. Here the old owner A cannot deliver v1 (its
+// producer is refused) when B joins; B receives a newer v2. Whatever
+// partition B takes, the adapter must end on v2. (A used to release the
+// partition at once: B delivered v2, then A's v1 landed after it.)
+func TestRevokedWhileShuttingDownFinishesFirst(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 2, "in", "out")
+	gate := newProduceGate(t, kc, "out")
+	dsn := pgtest.DSN(t)
+	cfg := testConfig(t, kc, dsn, route("svc", "in", "out"))
+	cfg.Pipeline.ShutdownGrace = 8 * time.Second
+	a := start(t, cfg, openStore(t, dsn))
+	produceTo(t, kc, "in", &kgo.Record{Partition: 0, Key: []byte("p0"), Value: []byte(`"v0"`)}, &kgo.Record{Partition: 1, Key: []byte("p1"), Value: []byte(`"v0"`)})
+	a.waitRecords("svc", 2)
+	gate.closeFor(gate.last.Load()) // A's producer from now on
+
+	produceTo(t, kc, "in", &kgo.Record{Partition: 0, Key: []byte("p0"), Value: []byte(`"v1"`)}, &kgo.Record{Partition: 1, Key: []byte("p1"), Value: []byte(`"v1"`)})
+	store := openStore(t, dsn)
+	waitProgress(t, store, cfg, "in", 0, 2)
+	waitProgress(t, store, cfg, "in", 1, 2)
+
+	go a.cancel() // A starts shutting down: it cannot deliver v1 for now
+	a.done = true
+	time.Sleep(200 * time.Millisecond)
+	b := start(t, cfg, openStore(t, dsn))
+	waitFor(t, "B owning a partition", func() (bool, string) {
+		n := b.gauge("dam_partitions_assigned", "svc")
+		return n > 0, fmt.Sprint(n)
+	})
+	produceTo(t, kc, "in", &kgo.Record{Partition: 0, Key: []byte("p0"), Value: []byte(`"v2"`)}, &kgo.Record{Partition: 1, Key: []byte("p1"), Value: []byte(`"v2"`)})
+	time.Sleep(2 * time.Second) // B delivers v2 for what it owns, if it owns anything A has not finished
+	gate.open()                 // A's v1 goes out now, if A still runs
+	waitModel(t, kc, "out", map[string][]string{"p0": {`"v0"`, `"v1"`, `"v2"`}, "p1": {`"v0"`, `"v1"`, `"v2"`}})
+	select {
+	case <-a.errc:
+	case <-time.After(30 * time.Second):
+		t.Fatal("A did not stop")
+	}
+	b.stop()
+}
+
+// Finding 7: shutdown during a broker outage exits within
+// pipeline.shutdown_grace (plus a little): the produce that cannot finish is
+// abandoned and the next owner delivers what the decision log holds.
+func TestShutdownDuringBrokerOutage(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	gate := newProduceGate(t, kc, "out")
+	dsn := pgtest.DSN(t)
+	cfg := testConfig(t, kc, dsn, route("svc", "in", "out"))
+	cfg.Pipeline.ShutdownGrace = 3 * time.Second
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("k", `"A"`))
+	r.waitRecords("svc", 1)
+	gate.close()
+	one(t, kc, "in", rec("k", `"B"`))
+	waitProgress(t, openStore(t, dsn), cfg, "in", 0, 2)
+	kc.Close() // no broker any more
+	began := time.Now()
+	r.stop()
+	if took := time.Since(began); took > cfg.Pipeline.ShutdownGrace+time.Second {
+		t.Errorf("shutdown took %s during a broker outage, above shutdown_grace %s", took, cfg.Pipeline.ShutdownGrace)
+	} else {
+		t.Logf("shutdown took %s", took)
+	}
+}
