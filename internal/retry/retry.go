@@ -23,14 +23,20 @@ type Policy struct {
 // Notify is told about each failed attempt and the wait before the next.
 type Notify func(err error, wait time.Duration)
 
+// Backoff returns the policy's sequence of waits, for a loop that cannot be
+// written as one operation (a retry that waits for new input meanwhile).
+func (p Policy) Backoff() *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = p.Min
+	bo.MaxInterval = p.Max
+	return bo
+}
+
 // Do runs op until it returns a nil error, a Permanent error (returned
 // unwrapped), or ctx ends (its cause is returned). There is no limit on the
 // number of attempts or on the time spent: failure means pause, not guess.
 func Do[T any](ctx context.Context, p Policy, notify Notify, op func() (T, error)) (T, error) {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = p.Min
-	bo.MaxInterval = p.Max
-	opts := []backoff.RetryOption{backoff.WithBackOff(bo), backoff.WithMaxElapsedTime(0)}
+	opts := []backoff.RetryOption{backoff.WithBackOff(p.Backoff()), backoff.WithMaxElapsedTime(0)}
 	if notify != nil {
 		opts = append(opts, backoff.WithNotify(backoff.Notify(notify)))
 	}
