@@ -149,7 +149,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 // batch larger than this on its own, so it never stalls a partition.
 const fetchMaxBytes = 4 << 20
 
-func (p *Pipeline) clientOptions() []kgo.Opt {
+func (p *Pipeline) clientOptions() ([]kgo.Opt, error) {
 	var topics []string
 	var routes []*route
 	for t, r := range p.routes {
@@ -193,13 +193,13 @@ func (p *Pipeline) clientOptions() []kgo.Opt {
 		kgo.ProducerLinger(0),
 		kgo.MaxBufferedRecords(max(p.cfg.Pipeline.MaxInFlight*2, 10000)),
 	}
-	if tlsOpt, err := tlsOption(p.cfg.Kafka.TLS); err == nil && tlsOpt != nil {
-		opts = append(opts, tlsOpt)
+	// TLS, SASL and compression (kafkaopts.go).
+	kopts, err := kafkaOptions(p.cfg.Kafka)
+	if err != nil {
+		return nil, err
 	}
-	if sasl := saslOption(p.cfg.Kafka.SASL); sasl != nil {
-		opts = append(opts, sasl)
-	}
-	return append(opts, p.kopts...)
+	opts = append(opts, kopts...)
+	return append(opts, p.kopts...), nil
 }
 
 // Run consumes until ctx is canceled, then finishes the batches in flight,
@@ -207,13 +207,14 @@ func (p *Pipeline) clientOptions() []kgo.Opt {
 // it cannot start (bad TLS files, a preserve route whose output has fewer
 // partitions than its input).
 func (p *Pipeline) Run(ctx context.Context) error {
-	if _, err := tlsOption(p.cfg.Kafka.TLS); err != nil {
+	opts, err := p.clientOptions()
+	if err != nil {
 		return err
 	}
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
 	p.runCtx = runCtx
-	cl, err := kgo.NewClient(p.clientOptions()...)
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("pipeline: kafka client: %w", err)
 	}
@@ -550,7 +551,7 @@ func (p *Pipeline) Ready() error {
 		return fmt.Errorf("%w: consumer group not joined yet", ErrNotReady)
 	}
 	if p.brokerErr != nil {
-		return fmt.Errorf("%w: kafka unreachable: %v", ErrNotReady, p.brokerErr)
+		return fmt.Errorf("%w: %v", ErrNotReady, p.brokerErr) // says refused or unreachable
 	}
 	for t, parts := range p.workers {
 		for part, w := range parts {
@@ -596,6 +597,9 @@ func (p *Pipeline) brokerProbeLoop(ctx context.Context) {
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		err := p.client.Ping(pctx)
 		cancel()
+		if err != nil && ctx.Err() == nil {
+			err = p.brokerProblem(ctx, err) // refused (TLS, SASL) or unreachable
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -603,12 +607,7 @@ func (p *Pipeline) brokerProbeLoop(ctx context.Context) {
 		was := p.brokerErr
 		p.brokerErr = err
 		p.mu.Unlock()
-		switch {
-		case err != nil && was == nil:
-			p.log.Warn("kafka unreachable: partitions paused until a broker answers", zap.Error(err))
-		case err == nil && was != nil:
-			p.log.Info("kafka reachable again")
-		}
+		p.reportBroker(was, err)
 	}
 }
 
