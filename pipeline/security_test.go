@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -143,6 +145,46 @@ func TestSASLRefused(t *testing.T) {
 			}
 			if d := time.Since(began); d > 5*time.Second {
 				t.Errorf("refusal reported after %s: a retry loop?", d)
+			}
+		})
+	}
+	// Kafka answers a refused login with an error code (kfake closes the
+	// connection instead): a broker that answers as Kafka does.
+	for _, tc := range []struct {
+		name string
+		key  kmsg.Key
+		fail func(kmsg.Request) kmsg.Response
+		want string
+	}{
+		{"Kafka's reply to bad credentials", kmsg.SASLAuthenticate, func(req kmsg.Request) kmsg.Response {
+			resp := req.ResponseKind().(*kmsg.SASLAuthenticateResponse)
+			resp.ErrorCode = kerr.SaslAuthenticationFailed.Code
+			msg := "Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512"
+			resp.ErrorMessage = &msg
+			return resp
+		}, "SASL_AUTHENTICATION_FAILED"},
+		{"mechanism not enabled", kmsg.SASLHandshake, func(req kmsg.Request) kmsg.Response {
+			resp := req.ResponseKind().(*kmsg.SASLHandshakeResponse)
+			resp.ErrorCode = kerr.UnsupportedSaslMechanism.Code
+			resp.SupportedMechanisms = []string{"PLAIN"}
+			return resp
+		}, "UNSUPPORTED_SASL_MECHANISM"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kc := saslCluster(t)
+			kc.ControlKey(int16(tc.key), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				kc.KeepControl()
+				return tc.fail(req), nil, true
+			})
+			k := config.Default().Kafka
+			k.Brokers = []string{kc.Addr()}
+			k.SASL = config.SASL{Mechanism: "SCRAM-SHA-512", Username: damUser, Password: damPass}
+			err := pipeline.CheckBrokers(context.Background(), k)
+			var ae *pipeline.AuthError
+			want := "kafka: SASL SCRAM-SHA-512 authentication to " + kc.Addr() + " failed: "
+			if !errors.As(err, &ae) || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("CheckBrokers: %v, want %q ... %s", err, want, tc.want)
 			}
 		})
 	}
