@@ -1,6 +1,8 @@
 # dam: run `make help` for the targets.
 SHELL := /bin/bash
 GO ?= go
+NPM ?= npm
+INTEROP := internal/interop
 STATICCHECK_VERSION ?= v0.8.2
 # Packages with fuzz targets; `make fuzz` explores each target for FUZZTIME.
 FUZZTIME ?= 15s
@@ -18,9 +20,15 @@ build: ## Build bin/dam
 	$(GO) build -o bin/dam ./cmd/dam
 
 .PHONY: deps
-deps: ## Download Go modules and install test tools (kcat) when missing
+deps: $(INTEROP)/node_modules/.package-lock.json ## Download Go modules and install test tools (kcat, kafkajs) when missing
 	$(GO) mod download
 	@command -v kcat >/dev/null 2>&1 || ./scripts/install-kcat.sh
+
+# kafkajs for the interop test (internal/interop), exactly as its
+# package-lock.json pins it; reinstalled when the pin changes.
+$(INTEROP)/node_modules/.package-lock.json: $(INTEROP)/package.json $(INTEROP)/package-lock.json
+	cd $(INTEROP) && $(NPM) ci --no-audit --no-fund
+	@touch $@
 
 .PHONY: test
 test: deps ## Run every test with -race (starts a throwaway PostgreSQL when none is reachable)

@@ -53,7 +53,19 @@ type Kafka struct {
 	TLS TLS `koanf:"tls"`
 	// SASL configures SASL authentication. Default none.
 	SASL SASL `koanf:"sasl"`
+	// Compression is the codec of produced batches (forwards and dead
+	// letters), or a list of codecs in order of preference, the first the
+	// broker supports being used: "none" (default, as the Java producer),
+	// "gzip", "snappy", "lz4" or "zstd". Every consumer of the output
+	// topics must support it: kafkajs supports only gzip without plugins.
+	// The topic's compression.type, when not "producer", decides how the
+	// broker stores the batches.
+	Compression Codecs `koanf:"compression"`
 }
+
+// Codecs is a list of compression codecs in order of preference. The file
+// and the environment may also give a single codec ("gzip").
+type Codecs []string
 
 // TLS configures TLS to the Kafka brokers.
 type TLS struct {
@@ -66,6 +78,10 @@ type TLS struct {
 	CertFile string `koanf:"cert_file"`
 	// KeyFile is the PEM client key; requires CertFile. Default "".
 	KeyFile string `koanf:"key_file"`
+	// ServerName is the name every broker's certificate is verified
+	// against, instead of the host of the address dialed (for brokers
+	// reached by IP address or through a proxy). Default "".
+	ServerName string `koanf:"server_name"`
 	// InsecureSkipVerify disables verification of the brokers'
 	// certificates. For tests only. Default false.
 	InsecureSkipVerify bool `koanf:"insecure_skip_verify"`
@@ -209,6 +225,12 @@ const (
 
 	OnStoreFailurePause   = "pause"
 	OnStoreFailureForward = "forward"
+
+	CompressionNone   = "none"
+	CompressionGzip   = "gzip"
+	CompressionSnappy = "snappy"
+	CompressionLz4    = "lz4"
+	CompressionZstd   = "zstd"
 )
 
 // Default returns the default configuration: every default documented on
@@ -222,6 +244,7 @@ func Default() Config {
 			SessionTimeout:     45 * time.Second,
 			RebalanceTimeout:   60 * time.Second,
 			TransactionTimeout: 30 * time.Second,
+			Compression:        Codecs{CompressionNone},
 		},
 		Postgres: Postgres{
 			Migrate:                  true,

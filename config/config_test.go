@@ -155,6 +155,11 @@ func TestValidateErrors(t *testing.T) {
 			c.Kafka.TLS.Enabled = true
 			c.Kafka.TLS.CertFile = "/c.pem"
 		}, "kafka.tls.key_file", "required with kafka.tls.cert_file"},
+		{"tls server name while disabled", func(c *Config) { c.Kafka.TLS.ServerName = "kafka.internal" }, "kafka.tls.server_name", "kafka.tls.enabled is false"},
+		{"compression codec", func(c *Config) { c.Kafka.Compression = Codecs{"zstd", "brotli"} }, "kafka.compression[1]", `invalid value "brotli": want "none", "gzip", "snappy", "lz4" or "zstd"`},
+		{"compression case", func(c *Config) { c.Kafka.Compression = Codecs{"GZIP"} }, "kafka.compression[0]", `invalid value "GZIP"`},
+		{"compression repeated", func(c *Config) { c.Kafka.Compression = Codecs{"gzip", "lz4", "gzip"} }, "kafka.compression[2]", `"gzip" is already kafka.compression[0]`},
+		{"compression after none", func(c *Config) { c.Kafka.Compression = Codecs{"none", "gzip"} }, "kafka.compression[1]", `"gzip" is never used: "none" comes before it`},
 		{"batch size", func(c *Config) { c.Pipeline.BatchSize = 0 }, "pipeline.batch_size", "must be positive"},
 		{"max in flight", func(c *Config) { c.Pipeline.MaxInFlight = 999 }, "pipeline.max_in_flight", "at least pipeline.batch_size (1000)"},
 		{"retry order", func(c *Config) { c.Pipeline.RetryMin = time.Minute }, "pipeline.retry_min", "must not exceed pipeline.retry_max (10s)"},
@@ -190,6 +195,40 @@ func TestValidateFillsEmptyEnums(t *testing.T) {
 		r.Mode != ModeLastSeen || r.Entity != "key" || r.Format != FormatJSON || r.Partitioning != PartitioningKey || r.OnStoreFailure != OnStoreFailurePause {
 		t.Fatalf("defaults not filled: %+v %+v", c.Kafka, r)
 	}
+}
+
+// kafka.compression is one codec or a preference list, from the file or the
+// environment; none given means "none", as the Java producer.
+func TestCompression(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		yaml string
+		env  []string
+		want Codecs
+	}{
+		{"default", minimal, nil, Codecs{"none"}},
+		{"one codec", minimalWith("kafka", "kafka: {brokers: [b:1], group: g, compression: gzip}"), nil, Codecs{"gzip"}},
+		{"preference list", minimalWith("kafka", "kafka: {brokers: [b:1], group: g, compression: [zstd, lz4, none]}"), nil, Codecs{"zstd", "lz4", "none"}},
+		{"empty list", minimalWith("kafka", "kafka: {brokers: [b:1], group: g, compression: []}"), nil, Codecs{"none"}},
+		{"environment", minimal, []string{"DAM_KAFKA_COMPRESSION=zstd,gzip"}, Codecs{"zstd", "gzip"}},
+		{"environment one codec", minimal, []string{"DAM_KAFKA_COMPRESSION=snappy"}, Codecs{"snappy"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(writeFile(t, tc.yaml), tc.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(c.Kafka.Compression, tc.want) {
+				t.Fatalf("kafka.compression = %q, want %q", c.Kafka.Compression, tc.want)
+			}
+		})
+	}
+	_, err := Load(writeFile(t, minimalWith("kafka", "kafka: {brokers: [b:1], group: g, compression: [gzip, snappyy]}")), nil)
+	wantProblem(t, err, "kafka.compression[1]", `invalid value "snappyy"`)
+	_, err = Load(writeFile(t, minimal), []string{"DAM_KAFKA_COMPRESSION=gzip,brotli"})
+	wantProblem(t, err, "kafka.compression[1]", `invalid value "brotli"`)
+	_, err = Load(writeFile(t, minimalWith("kafka", "kafka: {brokers: [b:1], group: g, compression: 3}")), nil)
+	wantProblem(t, err, "kafka.compression", "want a list, got integer 3")
 }
 
 func TestValidateReportsAllInOrder(t *testing.T) {

@@ -222,6 +222,7 @@ func unflatten(flat map[string]any) map[string]any {
 var (
 	durationType = reflect.TypeOf(time.Duration(0))
 	routeType    = reflect.TypeOf(Route{})
+	codecsType   = reflect.TypeOf(Codecs{})
 )
 
 // secretKeys are never quoted in error messages.
@@ -315,6 +316,9 @@ func (d *decoder) decode(key string, raw any, v reflect.Value) {
 			d.fail(joinKey(key, name), ErrUnknownKey)
 		}
 	case reflect.Slice:
+		if s, ok := raw.(string); ok && v.Type() == codecsType {
+			raw = []any{s} // a single codec
+		}
 		list, ok := raw.([]any)
 		if !ok {
 			d.fail(key, fmt.Errorf("want a list, got %s", d.describe(key, raw)))

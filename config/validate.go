@@ -95,7 +95,13 @@ func (c *Config) validate() []*Error {
 		for _, f := range []struct {
 			key string
 			set bool
-		}{{"kafka.tls.ca_file", k.TLS.CAFile != ""}, {"kafka.tls.cert_file", k.TLS.CertFile != ""}, {"kafka.tls.key_file", k.TLS.KeyFile != ""}, {"kafka.tls.insecure_skip_verify", k.TLS.InsecureSkipVerify}} {
+		}{
+			{"kafka.tls.ca_file", k.TLS.CAFile != ""},
+			{"kafka.tls.cert_file", k.TLS.CertFile != ""},
+			{"kafka.tls.key_file", k.TLS.KeyFile != ""},
+			{"kafka.tls.server_name", k.TLS.ServerName != ""},
+			{"kafka.tls.insecure_skip_verify", k.TLS.InsecureSkipVerify},
+		} {
 			if f.set {
 				v.addf(f.key, "set but kafka.tls.enabled is false")
 			}
@@ -122,6 +128,8 @@ func (c *Config) validate() []*Error {
 	default:
 		v.addf("kafka.sasl.mechanism", "invalid value %q: want %s", k.SASL.Mechanism, orList([]string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}))
 	}
+
+	v.compression(&k.Compression)
 
 	p := &c.Postgres
 	v.required("postgres.dsn", p.DSN == "")
@@ -249,6 +257,33 @@ func (c *Config) validateRoutes(v *validator) {
 		}
 		if r.MaxSize <= 0 {
 			v.addf(key("max_size"), "must be positive, got %d", r.MaxSize)
+		}
+	}
+}
+
+// codecs are the values of kafka.compression.
+var codecs = []string{CompressionNone, CompressionGzip, CompressionSnappy, CompressionLz4, CompressionZstd}
+
+// compression checks kafka.compression, an empty list meaning the default
+// ("none"). Each codec is known and listed once; none follows "none",
+// which every broker accepts, so that a codec after it would never be used.
+func (v *validator) compression(cs *Codecs) {
+	if len(*cs) == 0 {
+		*cs = Codecs{CompressionNone}
+	}
+	seen := map[string]int{}
+	for i, c := range *cs {
+		key := fmt.Sprintf("kafka.compression[%d]", i)
+		switch j, dup := seen[c]; {
+		case !slices.Contains(codecs, c):
+			v.addf(key, "invalid value %q: want %s", c, orList(codecs))
+		case dup:
+			v.addf(key, "%q is already kafka.compression[%d]", c, j)
+		case slices.Contains((*cs)[:i], CompressionNone):
+			v.addf(key, "%q is never used: \"none\" comes before it and every broker accepts uncompressed batches", c)
+		}
+		if _, dup := seen[c]; !dup {
+			seen[c] = i
 		}
 	}
 }

@@ -85,7 +85,7 @@ func (p *Pipeline) Ready() error {
 	case !p.joined:
 		return fmt.Errorf("%w: consumer group not joined yet", ErrNotReady)
 	case brokerErr != nil:
-		return fmt.Errorf("%w: kafka unreachable: %v", ErrNotReady, brokerErr)
+		return fmt.Errorf("%w: %w", ErrNotReady, brokerErr) // refused (TLS, SASL) or unreachable
 	case storeErr != nil:
 		return fmt.Errorf("%w: postgres unreachable: %v", ErrNotReady, storeErr)
 	}
@@ -141,6 +141,9 @@ func (p *Pipeline) probeLoop(ctx context.Context) {
 		brokerErr := p.client.Ping(pctx)
 		storeErr := p.store.Ping(pctx)
 		cancel()
+		if brokerErr != nil && ctx.Err() == nil {
+			brokerErr = p.brokerProblem(ctx, brokerErr) // refused (TLS, SASL) or unreachable
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -148,12 +151,7 @@ func (p *Pipeline) probeLoop(ctx context.Context) {
 		wasBroker, wasStore := p.probes.brokerErr, p.probes.storeErr
 		p.probes.brokerErr, p.probes.storeErr = brokerErr, storeErr
 		p.probes.mu.Unlock()
-		switch {
-		case brokerErr != nil && wasBroker == nil:
-			p.log.Warn("kafka unreachable: partitions paused until a broker answers", zap.Error(brokerErr))
-		case brokerErr == nil && wasBroker != nil:
-			p.log.Info("kafka reachable again")
-		}
+		p.reportBroker(wasBroker, brokerErr)
 		switch {
 		case storeErr != nil && wasStore == nil:
 			p.log.Warn("postgres unreachable", zap.Error(storeErr))

@@ -226,16 +226,12 @@ func (p *Pipeline) clientOptions() ([]kgo.Opt, error) {
 		kgo.ProducerBatchMaxBytesFn(p.limits.get),
 		kgo.MaxBufferedRecords(max(p.cfg.Pipeline.MaxInFlight*2, 10000)),
 	}
-	tlsOpt, err := tlsOption(p.cfg.Kafka.TLS)
+	// TLS, SASL and compression (kafkaopts.go).
+	kopts, err := kafkaOptions(p.cfg.Kafka)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if tlsOpt != nil {
-		opts = append(opts, tlsOpt)
-	}
-	if sasl := saslOption(p.cfg.Kafka.SASL); sasl != nil {
-		opts = append(opts, sasl)
-	}
+	opts = append(opts, kopts...)
 	return append(opts, p.kopts...), nil
 }
 

@@ -84,6 +84,10 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	log = log.With(zap.String("group", cfg.Kafka.Group))
 
+	if err := checkKafka(ctx, cfg, log); err != nil {
+		return err
+	}
+
 	if cfg.Postgres.Migrate {
 		if err := migrateWithRetry(ctx, cfg, log); err != nil {
 			return err
@@ -147,6 +151,31 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 	} else {
 		return err
 	}
+}
+
+// checkKafka asks the brokers for metadata before anything starts. A
+// broker refusing dam (TLS handshake, SASL credentials) or a kafka.tls file
+// that cannot be used is a configuration problem no retry fixes: dam exits,
+// naming it. Unreachable brokers are waited for by the pipeline, not ready
+// meanwhile, as during any outage.
+func checkKafka(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	err := pipeline.CheckBrokers(cctx, cfg.Kafka)
+	var ce *config.Error
+	var ae *pipeline.AuthError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ce):
+		return usageError{err}
+	case errors.As(err, &ae):
+		return err
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	log.Warn("no Kafka broker answers yet: starting, not ready until one does", zap.Error(err))
+	return nil
 }
 
 // httpHandler serves /metrics, /healthz (the process is up) and /readyz

@@ -33,15 +33,31 @@ type Cluster struct {
 	port int
 	cred *syscall.Credential
 	logf func(string, ...any)
+	tls  *tlsFiles
+}
+
+// tlsFiles are the server's certificate and key, PEM.
+type tlsFiles struct{ cert, key string }
+
+// Option configures Start.
+type Option func(*Cluster)
+
+// WithTLS makes the server speak TLS with the certificate and key in the
+// given PEM files (copied into the cluster's directory), and accept TCP
+// connections only over TLS (pg_hba.conf: hostssl only): a client with
+// sslmode=disable is refused, and sslmode=verify-full checks the
+// certificate against the client's root certificate and 127.0.0.1.
+func WithTLS(certFile, keyFile string) Option {
+	return func(c *Cluster) { c.tls = &tlsFiles{cert: certFile, key: keyFile} }
 }
 
 // Start initialises a cluster in a new temporary directory and starts it on
 // a free TCP port of 127.0.0.1 (plus a unix socket in the directory), with
 // trust authentication for user postgres and durability off (fsync=off) for
-// speed. When running as root the server runs as the postgres user (or
-// nobody), since PostgreSQL refuses to run as root. logf receives progress
-// lines; it may be nil.
-func Start(ctx context.Context, logf func(string, ...any)) (*Cluster, error) {
+// speed; opts add TLS. When running as root the server runs as the
+// postgres user (or nobody), since PostgreSQL refuses to run as root. logf
+// receives progress lines; it may be nil.
+func Start(ctx context.Context, logf func(string, ...any), opts ...Option) (*Cluster, error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
@@ -54,6 +70,9 @@ func Start(ctx context.Context, logf func(string, ...any)) (*Cluster, error) {
 		return nil, fmt.Errorf("pglocal: %w", err)
 	}
 	c := &Cluster{dir: dir, bin: bin, logf: logf}
+	for _, o := range opts {
+		o(c)
+	}
 	if os.Geteuid() == 0 {
 		c.cred, err = unprivileged()
 		if err == nil {
@@ -68,6 +87,12 @@ func Start(ctx context.Context, logf func(string, ...any)) (*Cluster, error) {
 		"-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
+	}
+	if c.tls != nil {
+		if err := c.setupTLS(); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	// The port is free when probed but may be taken before the server binds
 	// it: retry with another.
@@ -94,9 +119,65 @@ func Start(ctx context.Context, logf func(string, ...any)) (*Cluster, error) {
 	return c, nil
 }
 
-// DSN returns a connection string for the cluster's postgres database.
+// DSN returns a connection string for the cluster's postgres database:
+// sslmode=disable, or sslmode=require when started WithTLS (which encrypts
+// but verifies nothing; add sslmode=verify-full and sslrootcert to a DSN
+// built from Port to verify the server).
 func (c *Cluster) DSN() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+	mode := "disable"
+	if c.tls != nil {
+		mode = "require"
+	}
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=%s", c.port, mode)
+}
+
+// Port is the server's TCP port on 127.0.0.1.
+func (c *Cluster) Port() int { return c.port }
+
+// setupTLS copies the certificate and key where the server (perhaps
+// another user) can read them, the key private to it as PostgreSQL
+// requires, turns ssl on and allows TCP connections over TLS only.
+func (c *Cluster) setupTLS() error {
+	cert, key := filepath.Join(c.dir, "server.crt"), filepath.Join(c.dir, "server.key")
+	for _, f := range []struct {
+		from, to string
+		mode     os.FileMode
+	}{{c.tls.cert, cert, 0o644}, {c.tls.key, key, 0o600}} {
+		b, err := os.ReadFile(f.from)
+		if err != nil {
+			return fmt.Errorf("pglocal: tls: %w", err)
+		}
+		if err := os.WriteFile(f.to, b, f.mode); err != nil {
+			return fmt.Errorf("pglocal: tls: %w", err)
+		}
+		if c.cred != nil {
+			if err := os.Chown(f.to, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+				return fmt.Errorf("pglocal: tls: %w", err)
+			}
+		}
+	}
+	conf := fmt.Sprintf("\n# pglocal.WithTLS\nssl = on\nssl_cert_file = '%s'\nssl_key_file = '%s'\n", cert, key)
+	if err := appendFile(filepath.Join(c.data(), "postgresql.conf"), conf); err != nil {
+		return err
+	}
+	// Overwriting keeps the file's owner (the server's user).
+	hba := "# pglocal.WithTLS: TCP only over TLS\nlocal all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n"
+	if err := os.WriteFile(filepath.Join(c.data(), "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		return fmt.Errorf("pglocal: tls: %w", err)
+	}
+	return nil
+}
+
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("pglocal: %w", err)
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return fmt.Errorf("pglocal: %w", err)
+	}
+	return f.Close()
 }
 
 // Stop stops the server immediately (no checkpoint: the data is thrown

@@ -17,18 +17,28 @@ import (
 type Cluster struct {
 	*kfake.Cluster
 	t testing.TB
+	// opts are given to every client the Cluster makes (credentials, TLS).
+	opts []kgo.Opt
 }
 
 // New starts a broker on 127.0.0.1 with the topics created, each with
 // partitions partitions, and closes it when the test ends.
 func New(t testing.TB, partitions int32, topics ...string) *Cluster {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.SeedTopics(partitions, topics...))
+	return NewWith(t, partitions, topics, nil)
+}
+
+// NewWith is New with more kfake options (kfake.EnableSASL, kfake.TLS),
+// and with clientOpts given to every client the Cluster makes, so that its
+// helpers get past the broker's authentication.
+func NewWith(t testing.TB, partitions int32, topics []string, kfakeOpts []kfake.Opt, clientOpts ...kgo.Opt) *Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.SeedTopics(partitions, topics...)}, kfakeOpts...)...)
 	if err != nil {
 		t.Fatalf("testkafka: starting kfake: %v", err)
 	}
 	t.Cleanup(c.Close)
-	return &Cluster{Cluster: c, t: t}
+	return &Cluster{Cluster: c, t: t, opts: clientOpts}
 }
 
 // Addr is the broker's host:port.
@@ -37,7 +47,7 @@ func (c *Cluster) Addr() string { return c.ListenAddrs()[0] }
 // Client returns a client of the cluster, closed at cleanup.
 func (c *Cluster) Client(opts ...kgo.Opt) *kgo.Client {
 	c.t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.Addr())}, opts...)...)
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(c.Addr())}, c.opts...), opts...)...)
 	if err != nil {
 		c.t.Fatalf("testkafka: client: %v", err)
 	}
@@ -90,7 +100,7 @@ func (c *Cluster) Produce(topic string, recs ...*kgo.Record) {
 // start to the high watermark as of the call (read_committed).
 func (c *Cluster) ReadAll(topic string) []*kgo.Record {
 	c.t.Helper()
-	recs, err := ReadAll(c.Addr(), topic)
+	recs, err := ReadAll(c.Addr(), topic, c.opts...)
 	if err != nil {
 		c.t.Fatalf("testkafka: read %s: %v", topic, err)
 	}
@@ -98,11 +108,12 @@ func (c *Cluster) ReadAll(topic string) []*kgo.Record {
 }
 
 // ReadAll reads every committed record of topic from brokers, all
-// partitions, from the start to the end offsets as of the call.
-func ReadAll(brokers, topic string) ([]*kgo.Record, error) {
+// partitions, from the start to the end offsets as of the call; opts are
+// given to its clients (credentials, TLS).
+func ReadAll(brokers, topic string, opts ...kgo.Opt) ([]*kgo.Record, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -132,9 +143,9 @@ func ReadAll(brokers, topic string) ([]*kgo.Record, error) {
 	for p := range want {
 		parts[p] = kgo.NewOffset().AtStart()
 	}
-	rd, err := kgo.NewClient(kgo.SeedBrokers(brokers),
+	rd, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		kgo.FetchIsolationLevel(kgo.ReadCommitted())}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
