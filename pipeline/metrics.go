@@ -17,6 +17,7 @@ const (
 
 type metrics struct {
 	records       *prometheus.CounterVec
+	deadLetters   *prometheus.CounterVec
 	decideSeconds *prometheus.HistogramVec
 	batchRecords  *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
@@ -34,6 +35,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "dam_records_total",
 			Help: "Input records by service and outcome (forwarded, duplicate, invalid, rebuilt, caught_up, undecided).",
 		}, []string{"service", "outcome"}),
+		deadLetters: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dam_dead_letters_total",
+			Help: "Bad input records produced to the route's dead-letter topic (the delivered outcome=\"invalid\" records).",
+		}, []string{"service"}),
 		decideSeconds: f.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "dam_decision_seconds",
 			Help:    "Duration of one batch's decide transaction in PostgreSQL.",

@@ -27,6 +27,7 @@
 // Metrics (all on the Registerer given to New):
 //
 //	dam_records_total{service,outcome}        forwarded, duplicate, invalid, rebuilt, caught_up, undecided
+//	dam_dead_letters_total{service}           records produced to the dead-letter topic
 //	dam_decision_seconds{service}             decide transaction latency
 //	dam_batch_records{service}                records per decided batch
 //	dam_poll_to_commit_seconds{service}       poll of a batch to its offset commit

@@ -641,6 +641,9 @@ func (w *worker) deliverLoop() {
 		for outcome, n := range j.counts {
 			w.pl.metrics.records.WithLabelValues(w.rt.service, outcome).Add(float64(n))
 		}
+		if n := j.counts[outcomeInvalid]; n > 0 {
+			w.pl.metrics.deadLetters.WithLabelValues(w.rt.service).Add(float64(n))
+		}
 		if j.commitTo > 0 {
 			w.pl.metrics.pollToCommit.WithLabelValues(w.rt.service).Observe(time.Since(j.polled).Seconds())
 			if time.Since(lastPrune) > w.pl.pruneEvery {
