@@ -140,6 +140,10 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		p.routes[rt.from] = rt
 	}
 	p.metrics = newMetrics(p.reg)
+	for _, rt := range p.routes {
+		// At 0 from the start, so that increase() sees the first dead letters.
+		p.metrics.deadLetters.WithLabelValues(rt.service)
+	}
 	if err := p.reg.Register(newHaltedCollector(p)); err != nil {
 		return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
 	}
