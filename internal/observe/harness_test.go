@@ -348,5 +348,3 @@ scrape_configs:
 	})
 	return p
 }
-
-
