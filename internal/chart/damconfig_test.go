@@ -6,37 +6,20 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 )
 
-var (
-	damOnce sync.Once
-	damPath string
-	damErr  error
-)
-
-// damBin builds dam once for the package's tests.
-func damBin(t *testing.T) string {
+// buildDam builds dam into the test's temporary directory (removed with
+// it; the build cache makes a second build a link).
+func buildDam(t *testing.T) string {
 	t.Helper()
-	damOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "dam-chart-test-")
-		if err != nil {
-			damErr = err
-			return
-		}
-		damPath = filepath.Join(dir, "dam")
-		cmd := exec.Command("go", "build", "-o", damPath, "./cmd/dam")
-		cmd.Dir = "../.."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			damErr = err
-			damPath = string(out)
-		}
-	})
-	if damErr != nil {
-		t.Fatalf("building dam: %v\n%s", damErr, damPath)
+	bin := filepath.Join(t.TempDir(), "dam")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/dam")
+	cmd.Dir = "../.."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building dam: %v\n%s", err, out)
 	}
-	return damPath
+	return bin
 }
 
 // damConfigCheck runs `dam config` the way the rendered pod would: on the
@@ -44,7 +27,7 @@ func damBin(t *testing.T) string {
 // keys present (as files where the Deployment mounts them, under a
 // temporary directory, or as variables). It returns the exit status and
 // the output.
-func damConfigCheck(t *testing.T, r rendered) (int, string) {
+func damConfigCheck(t *testing.T, dam string, r rendered) (int, string) {
 	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "dam.yaml")
@@ -96,7 +79,7 @@ func damConfigCheck(t *testing.T, r rendered) (int, string) {
 			env = append(env, e.Name+"="+v)
 		}
 	}
-	cmd := exec.Command(damBin(t), "config", "--config", cfgPath)
+	cmd := exec.Command(dam, "config", "--config", cfgPath)
 	cmd.Env = env
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -123,10 +106,11 @@ func secretValue(key string) string {
 // for every ci/ value set to `dam config`: a chart rendering a
 // configuration dam refuses fails here.
 func TestDamAcceptsRenderedConfig(t *testing.T) {
+	dam := buildDam(t)
 	for _, f := range ciValues(t) {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			r := mustRender(t, []string{f})
-			code, out := damConfigCheck(t, r)
+			code, out := damConfigCheck(t, dam, r)
 			if code != 0 {
 				t.Fatalf("dam config exited %d:\n%s", code, out)
 			}
@@ -148,7 +132,7 @@ func TestDamAcceptsRenderedConfig(t *testing.T) {
 // schema lets each timeout through on its own; dam refuses their order.
 func TestDamRefusesBadRenderedConfig(t *testing.T) {
 	r := mustRender(t, minimalValues, "config.postgres.lock_timeout=40s")
-	code, out := damConfigCheck(t, r)
+	code, out := damConfigCheck(t, buildDam(t), r)
 	if code != 2 || !strings.Contains(out, "postgres.lock_timeout: 40s must be below kafka.transaction_timeout") {
 		t.Fatalf("dam config exited %d, want 2 naming postgres.lock_timeout:\n%s", code, out)
 	}

@@ -20,26 +20,20 @@ import (
 	"github.com/dam-dedup/dam/internal/pgtest"
 )
 
-var (
-	damBin   string
-	buildErr error
-)
+// TestMain gives the tests a real PostgreSQL (see pgtest.Main).
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "dam-observe-bin-")
-	if err != nil {
-		buildErr = err
-	} else {
-		damBin = filepath.Join(dir, "dam")
-		cmd := exec.Command("go", "build", "-ldflags", "-X main.version=v0.0.0-observe", "-o", damBin, "./cmd/dam")
-		cmd.Dir = "../.."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/dam: %v\n%s", err, out)
-		}
+// buildDam builds dam, version stamped, into the test's temporary
+// directory (removed with it).
+func buildDam(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "dam")
+	cmd := exec.Command("go", "build", "-ldflags", "-X main.version=v0.0.0-observe", "-o", bin, "./cmd/dam")
+	cmd.Dir = "../.."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/dam: %v\n%s", err, out)
 	}
-	// pgtest.Main exits the process; the binary's directory is left in
-	// the temporary directory (a few megabytes).
-	pgtest.Main(m)
+	return bin
 }
 
 func freeAddr(t *testing.T) string {

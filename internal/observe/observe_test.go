@@ -88,9 +88,7 @@ func (m *model) total() int { return m.forwarded + m.duplicate + m.invalid }
 // commit, so that every metric dam registers has a series, and checks
 // every expression of the dashboard and the rules against a real scrape.
 func TestPrometheusEndToEnd(t *testing.T) {
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
+	damBin := buildDam(t)
 	rulesFile, err := filepath.Abs(filepath.Join(chartDir, "alerts", "dam.rules.yaml"))
 	if err != nil {
 		t.Fatal(err)
