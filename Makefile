@@ -4,6 +4,13 @@ GO ?= go
 NPM ?= npm
 INTEROP := internal/interop
 STATICCHECK_VERSION ?= v0.8.2
+# helm, built from the Go module proxy into bin/ (cached there). The
+# Kubernetes version it assumes (helm template, helm lint) is its
+# client-go's, 1.37 for v3.22.0, stamped as helm's own Makefile does.
+HELM_VERSION ?= v3.22.0
+HELM_KUBE_MINOR ?= 37
+HELM := bin/helm-$(HELM_VERSION)
+CHART := charts/dam
 # Packages with fuzz targets; `make fuzz` explores each target for FUZZTIME.
 FUZZTIME ?= 15s
 TEST_TIMEOUT ?= 20m
@@ -31,9 +38,38 @@ $(INTEROP)/node_modules/.package-lock.json: $(INTEROP)/package.json $(INTEROP)/p
 	@touch $@
 
 .PHONY: test
-test: deps ## Run every test with -race (starts a throwaway PostgreSQL when none is reachable)
+test: deps chart rules ## Run every test with -race (starts a throwaway PostgreSQL when none is reachable), lint and render the chart, test the alert rules
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	HELM=$(CURDIR)/$(HELM) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+$(HELM):
+	@mkdir -p bin
+	GOBIN=$(CURDIR)/bin/.helm-build CGO_ENABLED=0 $(GO) install -trimpath -ldflags "-s -w \
+	  -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	  -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_KUBE_MINOR) \
+	  -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_KUBE_MINOR)" \
+	  helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	mv bin/.helm-build/helm $@ && rmdir bin/.helm-build
+
+.PHONY: helm
+helm: $(HELM) ## Build the pinned helm into bin/ (once)
+
+.PHONY: chart
+chart: $(HELM) ## helm lint and helm template the chart with every value set of charts/dam/ci
+	@set -e; for f in $(CHART)/ci/*.yaml; do \
+	  echo "== $$f"; \
+	  $(HELM) lint --strict $(CHART) -f $$f; \
+	  $(HELM) template dam $(CHART) -f $$f >/dev/null; \
+	done
+
+.PHONY: promtool
+promtool: ## Install promtool and prometheus (Debian's prometheus package) when missing
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || ./scripts/install-prometheus.sh
+
+.PHONY: rules
+rules: promtool ## Check the alert rules and run their promtool tests
+	promtool check rules $(CHART)/alerts/dam.rules.yaml
+	promtool test rules $(CHART)/alerts/dam.rules.test.yaml
 
 .PHONY: bench
 bench: ## Run the benchmarks and print ratios against same-run baselines

@@ -95,16 +95,24 @@ type SASL struct {
 	// Username is required with a mechanism. Default "".
 	Username string `koanf:"username"`
 	// Password is required with a mechanism. A secret: redacted when
-	// printed; prefer DAM_KAFKA_SASL_PASSWORD. Default "".
+	// printed; prefer PasswordFile or DAM_KAFKA_SASL_PASSWORD. Default "".
 	Password string `koanf:"password"`
+	// PasswordFile names a file holding Password (a trailing newline is
+	// trimmed), the way Kubernetes mounts a Secret. Load reads it into
+	// Password; setting both is an error. Default "".
+	PasswordFile string `koanf:"password_file"`
 }
 
 // Postgres configures the PostgreSQL store.
 type Postgres struct {
 	// DSN is the connection string, URL ("postgres://user:pw@host/db") or
-	// key=value form. Required. A secret: its password is redacted when
-	// printed; prefer DAM_POSTGRES_DSN.
+	// key=value form. Required (or DSNFile). A secret: its password is
+	// redacted when printed; prefer DSNFile or DAM_POSTGRES_DSN.
 	DSN string `koanf:"dsn"`
+	// DSNFile names a file holding DSN (a trailing newline is trimmed), the
+	// way Kubernetes mounts a Secret. Load reads it into DSN; setting both
+	// is an error. Default "".
+	DSNFile string `koanf:"dsn_file"`
 	// Migrate applies the embedded schema migrations at start. Default true.
 	Migrate bool `koanf:"migrate"`
 	// MaxConns is the size of the connection pool. Default 8.

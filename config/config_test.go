@@ -478,7 +478,9 @@ func TestEnvVar(t *testing.T) {
 	for path, want := range map[string]string{
 		"postgres.statement_timeout":     "DAM_POSTGRES_STATEMENT_TIMEOUT",
 		"postgres.dsn":                   "DAM_POSTGRES_DSN",
+		"postgres.dsn_file":              "DAM_POSTGRES_DSN_FILE",
 		"kafka.sasl.password":            "DAM_KAFKA_SASL_PASSWORD",
+		"kafka.sasl.password_file":       "DAM_KAFKA_SASL_PASSWORD_FILE",
 		"kafka.brokers":                  "DAM_KAFKA_BROKERS",
 		"kafka.tls.insecure_skip_verify": "DAM_KAFKA_TLS_INSECURE_SKIP_VERIFY",
 		"routes":                         "",

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"os"
 	"reflect"
 	"sort"
 	"strconv"
@@ -24,7 +25,9 @@ const envIgnorePrefix = "DAM_TEST_"
 
 // Load returns the effective configuration: Default(), overlaid by the YAML
 // file at path ("" for none; a missing file is an error), overlaid by the
-// DAM_-prefixed entries of environ (os.Environ() form), then validated.
+// DAM_-prefixed entries of environ (os.Environ() form), with the secrets
+// named by postgres.dsn_file and kafka.sasl.password_file read from their
+// files, then validated.
 //
 // The file must not contain unknown keys. An environment variable names a
 // scalar key by upper-casing its path and replacing dots with underscores
@@ -62,6 +65,7 @@ func Load(path string, environ []string) (Config, error) {
 	cfg := Default()
 	d := &decoder{}
 	d.decode("", k.Raw(), reflect.ValueOf(&cfg).Elem())
+	d.readSecretFiles(&cfg)
 	errs = append(errs, d.errs...)
 	for _, err := range cfg.validate() {
 		if !d.covers(err.Key) {
@@ -224,6 +228,52 @@ var (
 	routeType    = reflect.TypeOf(Route{})
 	codecsType   = reflect.TypeOf(Codecs{})
 )
+
+// readSecretFiles reads each secret given as a file (postgres.dsn_file,
+// kafka.sasl.password_file) into its key, trimming one trailing newline. A
+// secret set both ways, an unreadable file and an empty one are errors
+// naming the file key; the secret's own key is then marked failed, so that
+// Validate does not also call it missing. The error never quotes the
+// file's content.
+func (d *decoder) readSecretFiles(c *Config) {
+	for _, s := range []struct {
+		key, fileKey string
+		value, file  *string
+	}{
+		{"postgres.dsn", "postgres.dsn_file", &c.Postgres.DSN, &c.Postgres.DSNFile},
+		{"kafka.sasl.password", "kafka.sasl.password_file", &c.Kafka.SASL.Password, &c.Kafka.SASL.PasswordFile},
+	} {
+		if *s.file == "" || d.covers(s.fileKey) {
+			continue
+		}
+		if *s.value != "" {
+			d.fail(s.fileKey, fmt.Errorf("set together with %s: set only one of them", s.key))
+			d.failed = append(d.failed, s.key)
+			continue
+		}
+		v, err := readSecretFile(*s.file)
+		if err == nil {
+			*s.value = v
+			continue
+		}
+		d.fail(s.fileKey, err)
+		d.failed = append(d.failed, s.key)
+	}
+}
+
+// readSecretFile returns the content of the file at path without one
+// trailing newline ("\n" or "\r\n"); an empty result is an error.
+func readSecretFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	v := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if v == "" {
+		return "", fmt.Errorf("file %q is empty", path)
+	}
+	return v, nil
+}
 
 // secretKeys are never quoted in error messages.
 var secretKeys = map[string]bool{"postgres.dsn": true, "kafka.sasl.password": true}

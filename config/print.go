@@ -70,9 +70,17 @@ func RedactDSN(dsn string) string {
 }
 
 // YAML returns c as YAML in field order, with the keys Load reads, so that
-// the output loads back to the same configuration. It prints secrets as
-// they are: print c.Redacted().YAML() instead.
+// the output loads back to the same configuration. A secret read from a
+// file (postgres.dsn_file, kafka.sasl.password_file) is printed as its
+// file alone, which Load reads again. Other secrets are printed as they
+// are: print c.Redacted().YAML() instead.
 func (c Config) YAML() ([]byte, error) {
+	if c.Postgres.DSNFile != "" {
+		c.Postgres.DSN = ""
+	}
+	if c.Kafka.SASL.PasswordFile != "" {
+		c.Kafka.SASL.Password = ""
+	}
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)

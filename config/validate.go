@@ -119,7 +119,9 @@ func (c *Config) validate() []*Error {
 		if k.SASL.Username != "" {
 			v.addf("kafka.sasl.username", "set without kafka.sasl.mechanism")
 		}
-		if k.SASL.Password != "" {
+		if k.SASL.PasswordFile != "" {
+			v.addf("kafka.sasl.password_file", "set without kafka.sasl.mechanism")
+		} else if k.SASL.Password != "" {
 			v.addf("kafka.sasl.password", "set without kafka.sasl.mechanism")
 		}
 	case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":

@@ -148,6 +148,14 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		p.routes[rt.from] = rt
 	}
 	p.metrics = newMetrics(p.reg)
+	for _, rt := range p.routes {
+		// Counters that alerts watch exist at 0 from the start, so that
+		// increase() sees a process's first dead letters and errors.
+		p.metrics.deadLetters.WithLabelValues(rt.service, outcomeInvalid.String())
+		p.metrics.deadLetters.WithLabelValues(rt.service, outcomeRefused.String())
+		p.metrics.storeErrors.WithLabelValues(rt.service)
+		p.metrics.deliverErrors.WithLabelValues(rt.service)
+	}
 	if err := p.reg.Register(newHaltedCollector(p)); err != nil {
 		return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
@@ -12,8 +13,11 @@ import (
 )
 
 // envPostgresDSN is where the PostgreSQL DSN comes from when --dsn is not
-// given.
-const envPostgresDSN = "DAM_POSTGRES_DSN"
+// given; envPostgresDSNFile names a file holding it (a mounted Secret).
+const (
+	envPostgresDSN     = "DAM_POSTGRES_DSN"
+	envPostgresDSNFile = "DAM_POSTGRES_DSN_FILE"
+)
 
 // addDSNFlag adds --dsn to a command that talks to PostgreSQL.
 func addDSNFlag(cmd *cobra.Command, persistent bool) {
@@ -21,13 +25,15 @@ func addDSNFlag(cmd *cobra.Command, persistent bool) {
 	if persistent {
 		flags = cmd.PersistentFlags()
 	}
-	flags.String("dsn", "", "PostgreSQL `DSN` (default $"+envPostgresDSN+"); its search_path selects dam's schema")
+	flags.String("dsn", "", "PostgreSQL `DSN` (default $"+envPostgresDSN+", or the content of the file $"+envPostgresDSNFile+"); its search_path selects dam's schema")
 	flags.StringP("config", "c", "", "read postgres.dsn from this configuration `FILE` (and DAM_* variables)")
 }
 
 // resolveDSN returns the PostgreSQL DSN for a command: --dsn, else
 // postgres.dsn of --config (with its DAM_* overlay: DAM_POSTGRES_DSN wins
-// over the file, as for dam run), else $DAM_POSTGRES_DSN.
+// over the file, as for dam run), else $DAM_POSTGRES_DSN, else the content
+// of the file $DAM_POSTGRES_DSN_FILE (less a trailing newline), as
+// config.Load reads postgres.dsn_file; setting both variables is an error.
 func resolveDSN(cmd *cobra.Command) (string, error) {
 	if dsn, _ := cmd.Flags().GetString("dsn"); dsn != "" {
 		return dsn, nil
@@ -39,7 +45,20 @@ func resolveDSN(cmd *cobra.Command) (string, error) {
 		}
 		return cfg.Postgres.DSN, nil
 	}
-	if dsn := os.Getenv(envPostgresDSN); dsn != "" {
+	dsn, file := os.Getenv(envPostgresDSN), os.Getenv(envPostgresDSNFile)
+	switch {
+	case dsn != "" && file != "":
+		return "", usagef("%s and %s are both set: set only one of them", envPostgresDSN, envPostgresDSNFile)
+	case dsn != "":
+		return dsn, nil
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", usagef("%s: %v", envPostgresDSNFile, err)
+		}
+		if dsn = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r"); dsn == "" {
+			return "", usagef("%s: file %q is empty", envPostgresDSNFile, file)
+		}
 		return dsn, nil
 	}
 	return "", usagef("no PostgreSQL DSN: pass --dsn or --config, or set %s", envPostgresDSN)

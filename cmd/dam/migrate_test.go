@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -51,8 +53,33 @@ func TestMigrateDSNFromEnvironment(t *testing.T) {
 	}
 }
 
+// TestMigrateDSNFromFile: $DAM_POSTGRES_DSN_FILE names a file holding the
+// DSN, as the chart mounts its Secret; with $DAM_POSTGRES_DSN too it is a
+// usage error naming both.
+func TestMigrateDSNFromFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dsn")
+	if err := os.WriteFile(path, []byte(pgtest.DSN(t)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	unsetDSN(t)
+	t.Setenv(envPostgresDSNFile, path)
+	if code, out, errOut := runDam(t, "migrate"); code != 0 || !strings.Contains(out, "nothing to do") {
+		t.Fatalf("migrate: %d %q %q", code, out, errOut)
+	}
+	t.Setenv(envPostgresDSN, "postgres://elsewhere/dam")
+	if code, _, errOut := runDam(t, "migrate"); code != 2 || !strings.Contains(errOut, "DAM_POSTGRES_DSN and DAM_POSTGRES_DSN_FILE are both set") {
+		t.Fatalf("both set: %d %q, want a usage error naming both", code, errOut)
+	}
+	unsetDSN(t)
+	t.Setenv(envPostgresDSNFile, filepath.Join(t.TempDir(), "missing"))
+	if code, _, errOut := runDam(t, "migrate"); code != 2 || !strings.Contains(errOut, "DAM_POSTGRES_DSN_FILE: open ") {
+		t.Fatalf("missing file: %d %q, want a usage error naming the variable", code, errOut)
+	}
+}
+
 func TestMigrateWithoutDSN(t *testing.T) {
 	t.Setenv(envPostgresDSN, "")
+	t.Setenv(envPostgresDSNFile, "")
 	if code, _, errOut := runDam(t, "migrate"); code != 2 || !strings.Contains(errOut, "--dsn") {
 		t.Fatalf("got %d %q, want usage error", code, errOut)
 	}

@@ -81,7 +81,7 @@ type sidecarHooks struct {
 // runSidecar runs the pipeline and the HTTP server (/metrics, /healthz,
 // /readyz) until ctx is canceled or one of them fails.
 func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *prometheus.Registry, hooks *sidecarHooks) error {
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newBuildInfo())
 	log = log.With(zap.String("group", cfg.Kafka.Group))
 
 	if err := checkKafka(ctx, cfg, log); err != nil {
@@ -103,6 +103,7 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 		return fmt.Errorf("postgres: %w", err)
 	}
 	defer store.Close()
+	reg.MustRegister(newPoolCollector(store.Pool()))
 
 	opts := []pipeline.Option{pipeline.WithLogger(log), pipeline.WithRegisterer(reg)}
 	if hooks != nil {
