@@ -131,6 +131,9 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 	if err != nil {
 		return err
 	}
+	if !undecided {
+		w.step(StepDecided)
+	}
 	w.next = b.End
 	j := &job{polled: polled, commitTo: b.End, epoch: recs[len(recs)-1].LeaderEpoch, halt: halt}
 	if catchUp {

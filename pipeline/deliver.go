@@ -94,6 +94,7 @@ func (w *worker) deliver(j *job) error {
 				ErrHalted, s.src.Topic, s.src.Partition, s.src.Offset, w.rt.service, s.err))
 		}
 		if j.commitTo > 0 {
+			w.step(StepAcked)
 			if err := w.commit(j.commitTo, j.epoch); err != nil {
 				return struct{}{}, err
 			}
@@ -137,6 +138,7 @@ func (w *worker) produce(j *job) error {
 		if pending == 0 {
 			return nil
 		}
+		w.step(StepProducing)
 		wg.Wait()
 		var first error
 		replaced := false

@@ -112,6 +112,7 @@ type Pipeline struct {
 	stopping bool
 
 	probes probes
+	hook   StepHook
 	// fetchWarned is when each fetch error was last logged (poll loop only).
 	fetchWarned map[string]time.Time
 }
@@ -164,6 +165,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		metrics: p.metrics,
 		budget:  newBudget(cfg.Pipeline.MaxInFlight),
 		limits:  p.limits,
+		hook:    p.hook,
 		set: settings{
 			group:      cfg.Kafka.Group,
 			batchSize:  cfg.Pipeline.BatchSize,

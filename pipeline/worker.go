@@ -44,6 +44,7 @@ type deps struct {
 	budget  *budget
 	limits  *batchLimits
 	set     settings
+	hook    StepHook
 }
 
 // worker owns one input partition for as long as it is assigned: a decider

@@ -109,6 +109,11 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 	if hooks != nil {
 		opts = append(opts, hooks.pipelineOpts...)
 	}
+	if pause, err := pauseHook(log); err != nil {
+		return usageError{err}
+	} else if pause != nil {
+		opts = append(opts, pause)
+	}
 	pl, err := pipeline.New(cfg, store, opts...)
 	if err != nil {
 		return usageError{err}
