@@ -44,6 +44,12 @@ type Kafka struct {
 	SessionTimeout time.Duration `koanf:"session_timeout"`
 	// RebalanceTimeout is the group rebalance timeout. Default 60s.
 	RebalanceTimeout time.Duration `koanf:"rebalance_timeout"`
+	// TransactionalID is the transactional id of this instance in
+	// exactly-once mode: stable across its restarts, so that a restarted
+	// instance fences its previous self, and distinct between live
+	// instances, which would otherwise fence each other. Default ""
+	// (client_id-group-hostname: stable for a host or a StatefulSet pod).
+	TransactionalID string `koanf:"transactional_id"`
 	// TransactionTimeout is the Kafka transaction timeout. Default 30s. It
 	// must be below SessionTimeout and above the PostgreSQL lock and
 	// idle-in-transaction timeouts, so that a paused zombie cannot block the

@@ -88,6 +88,9 @@ func (c *Config) validate() []*Error {
 	v.positive("kafka.session_timeout", k.SessionTimeout)
 	v.positive("kafka.rebalance_timeout", k.RebalanceTimeout)
 	v.positive("kafka.transaction_timeout", k.TransactionTimeout)
+	if k.TransactionalID != "" && k.Delivery != DeliveryExactlyOnce {
+		v.addf("kafka.transactional_id", "only with kafka.delivery: %s", DeliveryExactlyOnce)
+	}
 	if k.TransactionTimeout > 0 && k.SessionTimeout > 0 && k.TransactionTimeout >= k.SessionTimeout {
 		v.addf("kafka.transaction_timeout", "%s must be below kafka.session_timeout (%s)", k.TransactionTimeout, k.SessionTimeout)
 	}

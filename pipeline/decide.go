@@ -142,7 +142,7 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		}
 		j.counts[outcomeCaughtUp] = len(recs)
 		j.commitTo = 0 // Kafka's offset is already ahead
-		return w.send(j)
+		return w.emit(j)
 	}
 	for i, r := range recs {
 		switch {
@@ -160,7 +160,7 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 			j.counts[outcomeDuplicate]++
 		}
 	}
-	return w.send(j)
+	return w.emit(j)
 }
 
 // decide runs b's transaction until its outcome is known.
@@ -332,8 +332,19 @@ func (w *worker) flush() error {
 	return nil
 }
 
-// send queues a job for delivery, in order. It returns the job's halt, so
-// that the decider stops right after queuing the records before it.
+// emit hands a decided job on for delivery, in order: to the deliverer
+// goroutine in at-least-once mode, to the current transaction's round in
+// exactly-once mode. It returns the job's halt, so that the decider stops
+// right after the records before it.
+func (w *worker) emit(j *job) error {
+	if w.d.transactional {
+		w.round = append(w.round, j)
+		return j.halt
+	}
+	return w.send(j)
+}
+
+// send queues a job for the deliverer goroutine.
 func (w *worker) send(j *job) error {
 	select {
 	case w.jobs <- j:

@@ -56,18 +56,26 @@ func (w *worker) deliverLoop() {
 			}
 			return
 		}
-		for o, n := range j.counts {
-			if n > 0 {
-				w.d.metrics.records.WithLabelValues(w.rt.service, outcome(o).String()).Add(float64(n))
-				if outcome(o) == outcomeInvalid || outcome(o) == outcomeRefused {
-					w.d.metrics.deadLetters.WithLabelValues(w.rt.service, outcome(o).String()).Add(float64(n))
-				}
+		w.delivered(j)
+	}
+}
+
+// delivered accounts for a job once its records are acknowledged and its
+// offset committed: the outcome counters, the latency, the log's pruning.
+func (w *worker) delivered(j *job) {
+	for o, n := range j.counts {
+		if n > 0 {
+			w.d.metrics.records.WithLabelValues(w.rt.service, outcome(o).String()).Add(float64(n))
+			if outcome(o) == outcomeInvalid || outcome(o) == outcomeRefused {
+				w.d.metrics.deadLetters.WithLabelValues(w.rt.service, outcome(o).String()).Add(float64(n))
 			}
 		}
-		if j.commitTo > 0 {
-			w.d.metrics.pollToCommit.WithLabelValues(w.rt.service).Observe(time.Since(j.polled).Seconds())
-			w.pruneLog()
-		}
+	}
+	if j.commitTo > 0 {
+		w.committed = j.commitTo
+		w.proven()
+		w.d.metrics.pollToCommit.WithLabelValues(w.rt.service).Observe(time.Since(j.polled).Seconds())
+		w.pruneLog()
 	}
 }
 
@@ -174,8 +182,11 @@ func (w *worker) precheck(j *job) {
 	for i := 0; i < len(j.out); {
 		o := &j.out[i]
 		limit := int(w.d.limits.get(o.rec.Topic))
-		if n := recordBatchSize(o.rec); !o.acked && n > limit {
-			err := fmt.Errorf("%w (the record takes %d bytes in a batch of its own; %s accepts %d)", kerr.MessageTooLarge, n, o.rec.Topic, limit)
+		err := w.refusedAt[o.src.Offset]
+		if n := recordBatchSize(o.rec); err == nil && n > limit {
+			err = fmt.Errorf("%w (the record takes %d bytes in a batch of its own; %s accepts %d)", kerr.MessageTooLarge, n, o.rec.Topic, limit)
+		}
+		if err != nil && !o.acked && o.outcome != outcomeRefused {
 			if !w.refuse(j, i, err) {
 				j.stuck = i + 1
 				return

@@ -15,9 +15,6 @@ var (
 	// max_size above what its output topic accepts, a preserve route whose
 	// output has fewer partitions than its input).
 	ErrConfig = errors.New("pipeline: invalid configuration")
-	// ErrUnsupported is returned by New for configuration this version
-	// does not run (exactly-once delivery).
-	ErrUnsupported = errors.New("pipeline: unsupported configuration")
 	// ErrHalted: a partition stopped at a record it cannot pass on (bad
 	// input on a route without a dead-letter topic, or a record Kafka
 	// refuses for good with nowhere to send it). The partition stays

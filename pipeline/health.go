@@ -48,6 +48,12 @@ func (h *partHealth) park(err error) {
 	h.mu.Unlock()
 }
 
+func (h *partHealth) isParked() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.parked != nil
+}
+
 // status is nil while the partition makes progress.
 func (h *partHealth) status() error {
 	h.mu.Lock()

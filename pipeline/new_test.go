@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
@@ -46,9 +45,9 @@ func TestNewValidatesConfig(t *testing.T) {
 	if _, err := pipeline.New(bad, openStore(t, dsn)); !errors.Is(err, pipeline.ErrConfig) || !contains(err.Error(), "routes[0].ignore[0]") {
 		t.Errorf("New with a bad ignore pointer: %v, want ErrConfig naming routes[0].ignore[0]", err)
 	}
-	exactly := cfg
-	exactly.Kafka.Delivery = config.DeliveryExactlyOnce
-	if _, err := pipeline.New(exactly, openStore(t, dsn)); !errors.Is(err, pipeline.ErrUnsupported) {
-		t.Errorf("New with exactly-once: %v, want ErrUnsupported", err)
+	txnid := cfg
+	txnid.Kafka.TransactionalID = "x"
+	if _, err := pipeline.New(txnid, openStore(t, dsn)); !errors.Is(err, pipeline.ErrConfig) || !contains(err.Error(), "kafka.transactional_id") {
+		t.Errorf("New with a transactional id in at-least-once mode: %v, want ErrConfig naming kafka.transactional_id", err)
 	}
 }

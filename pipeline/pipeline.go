@@ -124,9 +124,6 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if cfg.Kafka.Delivery == config.DeliveryExactlyOnce {
-		return nil, fmt.Errorf("%w: kafka.delivery: exactly-once is not available in this version; use at-least-once", ErrUnsupported)
-	}
 	p := &Pipeline{
 		cfg:     cfg,
 		store:   store,
@@ -166,6 +163,8 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		budget:  newBudget(cfg.Pipeline.MaxInFlight),
 		limits:  p.limits,
 		hook:    p.hook,
+		// Exactly-once: the round loop (transact.go) delivers.
+		transactional: cfg.Kafka.Delivery == config.DeliveryExactlyOnce,
 		set: settings{
 			group:      cfg.Kafka.Group,
 			batchSize:  cfg.Pipeline.BatchSize,
@@ -247,15 +246,25 @@ func (p *Pipeline) clientOptions() ([]kgo.Opt, error) {
 
 // Run consumes until ctx is canceled, then finishes the batches in flight
 // (within pipeline.shutdown_grace), commits, leaves the group and returns
-// nil. It returns an error only when it cannot start: the TLS files, or a
-// configuration the cluster contradicts (ErrConfig).
+// nil. It returns an error when it cannot start (the TLS files, or a
+// configuration the cluster contradicts: ErrConfig), and in exactly-once
+// mode when another client took this instance's transactional id.
 func (p *Pipeline) Run(ctx context.Context) error {
 	opts, err := p.clientOptions()
 	if err != nil {
 		return err
 	}
 	p.base = context.WithoutCancel(ctx)
-	cl, err := kgo.NewClient(opts...)
+	var cl *kgo.Client
+	var sess *kgo.GroupTransactSession
+	if p.deps.transactional {
+		opts = append(opts, kgo.TransactionalID(p.transactionalID()), kgo.TransactionTimeout(p.cfg.Kafka.TransactionTimeout))
+		if sess, err = kgo.NewGroupTransactSession(opts...); err == nil {
+			cl = sess.Client()
+		}
+	} else {
+		cl, err = kgo.NewClient(opts...)
+	}
 	if err != nil {
 		return fmt.Errorf("pipeline: kafka client: %w", err)
 	}
@@ -269,8 +278,38 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	bg.Add(2)
 	go func() { defer bg.Done(); p.probeLoop(bgCtx) }()
 	go func() { defer bg.Done(); p.stateRowsLoop(bgCtx) }()
-	p.log.Info("consuming", zap.String("group", p.cfg.Kafka.Group), zap.Int("routes", len(p.routes)))
+	p.log.Info("consuming", zap.String("group", p.cfg.Kafka.Group), zap.Int("routes", len(p.routes)),
+		zap.String("delivery", p.cfg.Kafka.Delivery))
 
+	var runErr error
+	if sess != nil {
+		p.log.Info("exactly-once delivery", zap.String("transactional_id", p.transactionalID()))
+		runErr = p.transactLoop(ctx, sess)
+	} else {
+		p.pollLoop(ctx, cl)
+	}
+	leaveBy := p.shutdown()
+	stopBg()
+	bg.Wait()
+	// Leave the group within the grace period, broker or not; the
+	// partitions are already finished.
+	lctx, cancel := context.WithDeadline(p.base, leaveBy)
+	if err := cl.LeaveGroupContext(lctx); err != nil {
+		p.log.Warn("leaving the consumer group failed; the group expels this member after its session timeout", zap.Error(err))
+	}
+	cancel()
+	cl.Close()
+	if runErr != nil {
+		p.log.Error("stopped", zap.Error(runErr))
+		return runErr
+	}
+	p.log.Info("stopped")
+	return nil
+}
+
+// pollLoop is at-least-once mode's consume loop: it hands each partition's
+// records to its worker's queue until ctx ends.
+func (p *Pipeline) pollLoop(ctx context.Context, cl *kgo.Client) {
 	maxPoll := p.cfg.Pipeline.BatchSize * 4
 	for {
 		// Backpressure: no poll while the partitions hold max_in_flight
@@ -281,7 +320,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		fetches := cl.PollRecords(ctx, maxPoll)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			cl.AllowRebalance()
-			break
+			return
 		}
 		now := time.Now()
 		fetches.EachError(p.fetchError)
@@ -301,19 +340,6 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		})
 		cl.AllowRebalance()
 	}
-	leaveBy := p.shutdown()
-	stopBg()
-	bg.Wait()
-	// Leave the group within the grace period, broker or not; the
-	// partitions are already finished.
-	lctx, cancel := context.WithDeadline(p.base, leaveBy)
-	if err := cl.LeaveGroupContext(lctx); err != nil {
-		p.log.Warn("leaving the consumer group failed; the group expels this member after its session timeout", zap.Error(err))
-	}
-	cancel()
-	cl.Close()
-	p.log.Info("stopped")
-	return nil
 }
 
 // fetchError handles a fetch error of one partition. Lost input halts the
@@ -359,10 +385,7 @@ func (p *Pipeline) fetchError(topic string, part int32, err error) {
 // the decision log holds.
 func (p *Pipeline) shutdown() (leaveBy time.Time) {
 	grace := p.cfg.Pipeline.ShutdownGrace
-	// franz-go's Close waits up to a second for the brokers to close their
-	// fetch sessions.
-	closing := min(time.Second, grace/3)
-	slack := min(grace/10, 500*time.Millisecond)
+	closing, slack := p.closingReserve()
 	leaveBy = time.Now().Add(grace - closing)
 	p.mu.Lock()
 	p.stopping = true
@@ -377,7 +400,7 @@ func (p *Pipeline) shutdown() (leaveBy time.Time) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		stopAll(ws, true, grace-closing-2*slack)
+		stopAll(ws, true, p.finishWithin())
 	}()
 	t := time.NewTimer(grace - closing - slack)
 	defer t.Stop()
@@ -389,6 +412,20 @@ func (p *Pipeline) shutdown() (leaveBy time.Time) {
 		<-done
 	}
 	return leaveBy
+}
+
+// closingReserve is the part of the grace period kept for closing the
+// client (franz-go's Close waits up to a second for the brokers to close
+// their fetch sessions), and a slack between the steps of a shutdown.
+func (p *Pipeline) closingReserve() (closing, slack time.Duration) {
+	grace := p.cfg.Pipeline.ShutdownGrace
+	return min(time.Second, grace/3), min(grace/10, 500*time.Millisecond)
+}
+
+// finishWithin is how long the work in flight at shutdown gets to finish.
+func (p *Pipeline) finishWithin() time.Duration {
+	closing, slack := p.closingReserve()
+	return p.cfg.Pipeline.ShutdownGrace - closing - 2*slack
 }
 
 // stopAll stops workers in parallel and returns once all have stopped.
@@ -459,6 +496,9 @@ func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]
 			started = append(started, w)
 			parts[part] = r.start.WithEpoch(-1)
 		}
+		// A partition halted in exactly-once mode is paused (transact.go);
+		// assigned anew, it is fetched again.
+		p.client.ResumeFetchPartitions(map[string][]int32{topic: slices.Collect(maps.Keys(parts))})
 	}
 	return offsets, nil
 }

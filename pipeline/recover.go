@@ -66,6 +66,7 @@ type recovered struct {
 	committed int64 // C; -1: none
 	plan      plan
 	start     kgo.Offset // where fetching starts
+	startAt   int64      // its offset
 }
 
 // recoverPartitions runs recovery for newly assigned partitions of one
@@ -142,7 +143,7 @@ func (p *Pipeline) planPartition(ctx context.Context, rt *route, dp dedup.Partit
 			return false, err
 		}
 		r.plan.replay = &replay{until: prog.Next, log: entries}
-		r.start = kgo.NewOffset().At(from)
+		r.start, r.startAt = kgo.NewOffset().At(from), from
 		return true, nil
 	}
 	switch {
@@ -157,7 +158,7 @@ func (p *Pipeline) planPartition(ctx context.Context, rt *route, dp dedup.Partit
 		if err := p.store.InitProgress(ctx, dp, prog.Epoch, start); err != nil {
 			return r, permanentUnlessOutage(err)
 		}
-		r.next, r.start = start, kgo.NewOffset().At(start)
+		r.next, r.start, r.startAt = start, kgo.NewOffset().At(start), start
 	case !hasC:
 		first, ok, err := p.store.LogStart(ctx, dp)
 		if err != nil {
@@ -168,17 +169,17 @@ func (p *Pipeline) planPartition(ctx context.Context, rt *route, dp dedup.Partit
 				return r, err
 			}
 		}
-		r.start = kgo.NewOffset().At(prog.Next)
+		r.start, r.startAt = kgo.NewOffset().At(prog.Next), prog.Next
 	case c == prog.Next:
-		r.start = kgo.NewOffset().At(prog.Next)
+		r.start, r.startAt = kgo.NewOffset().At(prog.Next), prog.Next
 	case c < prog.Next:
 		if replaying, err := fromLog(c); err != nil || replaying {
 			return r, err
 		}
-		r.start = kgo.NewOffset().At(prog.Next)
+		r.start, r.startAt = kgo.NewOffset().At(prog.Next), prog.Next
 	default: // c > P
 		r.plan.catchUpTo = c
-		r.start = kgo.NewOffset().At(prog.Next)
+		r.start, r.startAt = kgo.NewOffset().At(prog.Next), prog.Next
 	}
 	return r, nil
 }
@@ -303,7 +304,7 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 		j.commitTo, j.epoch = rp.until, -1
 	}
 	if len(j.out) > 0 || j.commitTo > 0 || j.counts != (outcomes{}) {
-		if err := w.send(j); err != nil {
+		if err := w.emit(j); err != nil {
 			return nil, err
 		}
 	}

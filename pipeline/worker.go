@@ -45,6 +45,9 @@ type deps struct {
 	limits  *batchLimits
 	set     settings
 	hook    StepHook
+	// transactional: exactly-once mode; the round loop (transact.go)
+	// delivers, and the worker has no goroutines of its own.
+	transactional bool
 }
 
 // worker owns one input partition for as long as it is assigned: a decider
@@ -85,6 +88,13 @@ type worker struct {
 	committed int64 // the committed offset C as last known; -1: none
 	lastPrune time.Time
 
+	// Exactly-once state (transact.go): the jobs decided in the current
+	// round, and the input offsets whose output Kafka refused for good in
+	// an earlier round (aborted; its replay dead-letters them at once).
+	round     []*job
+	refusedAt map[int64]error
+	fetchFrom int64 // where recovery started fetching
+
 	health partHealth
 }
 
@@ -108,6 +118,8 @@ func newWorker(parent context.Context, d *deps, rt *route, partition int32, r re
 		plan:      r.plan,
 		next:      r.next,
 		committed: r.committed,
+		fetchFrom: r.startAt,
+		refusedAt: map[int64]error{},
 	}
 	w.proven()
 	return w
@@ -116,19 +128,30 @@ func newWorker(parent context.Context, d *deps, rt *route, partition int32, r re
 func (w *worker) start() {
 	w.d.budget.partitions.Add(1)
 	w.d.metrics.assigned.WithLabelValues(w.rt.service).Inc()
+	if w.d.transactional {
+		// The round loop calls the worker; nothing runs on its own.
+		close(w.jobs)
+		go func() { <-w.ctx.Done(); w.ended() }()
+		return
+	}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); w.decideLoop() }()
 	go func() { defer wg.Done(); w.deliverLoop() }()
 	go func() {
 		wg.Wait()
-		w.cancel()
-		w.d.budget.partitions.Add(-1)
-		w.d.budget.signal()
-		w.d.metrics.assigned.WithLabelValues(w.rt.service).Dec()
-		w.d.metrics.lag.DeleteLabelValues(w.rt.service, w.label)
-		close(w.done)
+		w.ended()
 	}()
+}
+
+// ended releases what the worker held, once its work has ended.
+func (w *worker) ended() {
+	w.cancel()
+	w.d.budget.partitions.Add(-1)
+	w.d.budget.signal()
+	w.d.metrics.assigned.WithLabelValues(w.rt.service).Dec()
+	w.d.metrics.lag.DeleteLabelValues(w.rt.service, w.label)
+	close(w.done)
 }
 
 // stop ends the worker and returns once it has ended. With finish (a
@@ -141,7 +164,9 @@ func (w *worker) start() {
 func (w *worker) stop(finish bool, within time.Duration) {
 	w.q.close()
 	w.dcancel()
-	if !finish {
+	if !finish || w.d.transactional {
+		// (Exactly-once: nothing is in flight between rounds, and a
+		// round that loses the partition aborts its transaction.)
 		w.cancel()
 	}
 	t := time.NewTimer(within)

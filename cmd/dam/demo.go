@@ -96,6 +96,7 @@ func newDemoCmd() *cobra.Command {
 		port     int
 		dsn      string
 		rate     int
+		delivery string
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -112,9 +113,12 @@ client (kcat) can read the delivery topics while it runs.`,
 			if records < 0 || entities <= 0 {
 				return usagef("--records must be >= 0 and --entities > 0")
 			}
+			if delivery != config.DeliveryAtLeastOnce && delivery != config.DeliveryExactlyOnce {
+				return usagef("--delivery: want %s or %s, got %q", config.DeliveryAtLeastOnce, config.DeliveryExactlyOnce, delivery)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return runDemo(ctx, cmd.OutOrStdout(), demoOptions{records: records, entities: entities, port: port, dsn: dsn, rate: rate})
+			return runDemo(ctx, cmd.OutOrStdout(), demoOptions{records: records, entities: entities, port: port, dsn: dsn, rate: rate, delivery: delivery})
 		},
 	}
 	cmd.Flags().IntVar(&records, "records", 0, "input records to send, then summarise and exit (0: until Ctrl-C)")
@@ -122,12 +126,13 @@ client (kcat) can read the delivery topics while it runs.`,
 	cmd.Flags().IntVar(&port, "port", 0, "kfake broker port on 127.0.0.1 (0: any free port)")
 	cmd.Flags().StringVar(&dsn, "dsn", "", "PostgreSQL DSN (default $DAM_POSTGRES_DSN, else the local server, else a throwaway cluster)")
 	cmd.Flags().IntVar(&rate, "rate", 0, "entity events per second (0: as fast as possible with --records, 500 without)")
+	cmd.Flags().StringVar(&delivery, "delivery", config.DeliveryAtLeastOnce, "at-least-once or exactly-once (read the delivery topics read_committed)")
 	return cmd
 }
 
 type demoOptions struct {
 	records, entities, port, rate int
-	dsn                           string
+	dsn, delivery                 string
 }
 
 func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
@@ -142,7 +147,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 	}
 	defer cluster.Close()
 	broker := cluster.ListenAddrs()[0]
-	fmt.Fprintf(out, "kafka (kfake) listening on %s: e.g. kcat -b %s -C -t delivery.customer-2 -e\n", broker, broker)
+	fmt.Fprintf(out, "kafka (kfake) listening on %s: e.g. kcat -b %s -C -t delivery.customer-2 -e -X isolation.level=read_committed\n", broker, broker)
 
 	dsn, cleanup, err := demoPostgres(ctx, out, o.dsn)
 	if err != nil {
@@ -153,7 +158,8 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 	cfg := config.Default()
 	cfg.Kafka.Brokers = []string{broker}
 	cfg.Kafka.Group = "dam-demo"
-	cfg.Kafka.Start = "earliest"
+	cfg.Kafka.Start = config.StartEarliest
+	cfg.Kafka.Delivery = o.delivery
 	cfg.Postgres.DSN = dsn
 	cfg.HTTP.Listen = "127.0.0.1:0"
 	cfg.Log.Level = "error" // the live line counts dead letters; keep it readable

@@ -59,20 +59,6 @@ func TestRunConfigErrors(t *testing.T) {
 	}
 }
 
-// exactly-once is designed but not in this version: a clear refusal, exit 2.
-func TestRunRefusesExactlyOnce(t *testing.T) {
-	unsetDSN(t)
-	path := writeRunConfig(t, pgtest.DSN(t), "")
-	b, _ := os.ReadFile(path)
-	if err := os.WriteFile(path, []byte(strings.Replace(string(b), "  group: g\n", "  group: g\n  delivery: exactly-once\n", 1)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	code, _, errOut := runDam(t, "run", "--config", path)
-	if code != 2 || !strings.Contains(errOut, "exactly-once") {
-		t.Fatalf("got %d %q, want exit 2 naming exactly-once", code, errOut)
-	}
-}
-
 // The demo runs the real sidecar and fails unless its per-service counts
 // match its reference model: exit 0 means every decision was right.
 func TestDemo(t *testing.T) {
@@ -80,8 +66,10 @@ func TestDemo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := runDam(t, "demo", "--records", "3000", "--entities", "200", "--dsn", base)
-	if code != 0 || strings.Count(out, "matches") != 4 {
-		t.Fatalf("demo: exit %d\n%s\n%s", code, out, errOut)
+	for _, delivery := range []string{"at-least-once", "exactly-once"} {
+		code, out, errOut := runDam(t, "demo", "--records", "3000", "--entities", "200", "--dsn", base, "--delivery", delivery)
+		if code != 0 || strings.Count(out, "matches") != 4 {
+			t.Fatalf("demo --delivery %s: exit %d\n%s\n%s", delivery, code, out, errOut)
+		}
 	}
 }

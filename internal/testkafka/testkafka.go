@@ -143,9 +143,11 @@ func ReadAll(brokers, topic string, opts ...kgo.Opt) ([]*kgo.Record, error) {
 	for p := range want {
 		parts[p] = kgo.NewOffset().AtStart()
 	}
+	// Control records (transaction markers) are kept, to be recognised:
+	// the last offset of a transactional topic is a marker.
 	rd, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted())}, opts...)...)
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords()}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +161,7 @@ func ReadAll(brokers, topic string, opts ...kgo.Opt) ([]*kgo.Record, error) {
 		}
 		fs.EachError(func(_ string, _ int32, err error) {})
 		fs.EachRecord(func(r *kgo.Record) {
-			if r.Offset < want[r.Partition] {
+			if r.Offset < want[r.Partition] && !r.Attrs.IsControl() {
 				out = append(out, r)
 			}
 			if r.Offset+1 >= want[r.Partition] {

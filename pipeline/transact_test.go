@@ -1,0 +1,264 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/pipeline"
+)
+
+// eosConfig is testConfig in exactly-once mode with a transactional id of
+// its own.
+func eosConfig(t *testing.T, kc *testkafka.Cluster, dsn, id string, routes ...config.Route) config.Config {
+	t.Helper()
+	cfg := testConfig(t, kc, dsn, routes...)
+	cfg.Kafka.Delivery = config.DeliveryExactlyOnce
+	cfg.Kafka.TransactionalID = cfg.Kafka.Group + "-" + id
+	return cfg
+}
+
+// stream is a random last-seen workload: records over entities, about a
+// third of them repeats of the entity's last value, with the model of what
+// must be forwarded (each entity's changes, in order).
+func stream(n, entities int, seed uint64) ([]*kgo.Record, map[string][]string) {
+	rng := rand.New(rand.NewPCG(seed, 9))
+	last := map[string]string{}
+	want := map[string][]string{}
+	var in []*kgo.Record
+	for i := range n {
+		k := fmt.Sprintf("e%02d", rng.IntN(entities))
+		v, ok := last[k]
+		if !ok || rng.IntN(3) > 0 {
+			v = fmt.Sprintf(`{"v":%d}`, rng.IntN(5))
+		}
+		if !ok || v != last[k] {
+			want[k] = append(want[k], v)
+		}
+		last[k] = v
+		_ = i
+		in = append(in, rec(k, v))
+	}
+	return in, want
+}
+
+// exactly checks that topic, read read_committed, holds each key's model
+// values exactly once each, in order: no loss, no duplicate.
+func exactly(t *testing.T, kc *testkafka.Cluster, topic string, want map[string][]string) {
+	t.Helper()
+	n := 0
+	for _, vs := range want {
+		n += len(vs)
+	}
+	out := waitOutput(t, kc, topic, n)
+	got := byKey(out)
+	for k, vs := range want {
+		if !slices.Equal(got[k], vs) {
+			t.Errorf("key %s: delivered %q, want exactly %q", k, got[k], vs)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d keys delivered, want %d", len(got), len(want))
+	}
+}
+
+// Exactly-once: the output, read read_committed, is the model exactly, with
+// every kind of job in it (forwards, dead letters, a replay after a crash).
+func TestExactlyOnce(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 3, "in", "out", "dlq")
+	dsn := pgtest.DSN(t)
+	rt := route("svc", "in", "out")
+	rt.DeadLetter = "dlq"
+	cfg := eosConfig(t, kc, dsn, "a", rt)
+	cfg.Pipeline.BatchSize = 7
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	in, want := stream(600, 40, 1)
+	for chunk := range slices.Chunk(in, 100) {
+		kc.Produce("in", chunk...)
+	}
+	kc.Produce("in", rec("bad", `{bad`))
+	r.waitRecords("svc", len(in)+1)
+	exactly(t, kc, "out", want)
+	if dl := kc.ReadAll("dlq"); len(dl) != 1 {
+		t.Errorf("dead letters: %s, want one", dump(dl))
+	}
+	r.stop()
+}
+
+// A crash in the middle of a transaction (here: a stop that cannot finish
+// it, the produce being refused) leaves an open or aborted transaction;
+// recovery replays the decisions, and a read_committed reader sees each
+// forward once.
+func TestExactlyOnceCrashMidTransaction(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	gate := newProduceGate(t, kc, "out")
+	dsn := pgtest.DSN(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	cfg.Pipeline.ShutdownGrace = 2 * time.Second
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	one(t, kc, "in", rec("k1", `"A"`))
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`}})
+	gate.close()
+	one(t, kc, "in", rec("k1", `"B"`), rec("k2", `"X"`), rec("k1", `"B"`))
+	waitProgress(t, store, cfg, "in", 0, 4)
+	r.crash()
+	gate.open()
+	r = start(t, cfg, store)
+	one(t, kc, "in", rec("k2", `"Y"`))
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`, `"B"`}, "k2": {`"X"`, `"Y"`}})
+	r.stop()
+}
+
+// A reply lost after the broker handled it (franz-go issues #1052 and
+// #1207: End reports an error for a transaction that committed). The
+// round's partitions read C again from Kafka (require-stable) and find the
+// commit: nothing is delivered twice. Covered for EndTxn (the commit
+// happened) and TxnOffsetCommit (the transaction aborts).
+func TestExactlyOnceAmbiguousReplies(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		key  kmsg.Key
+	}{{"EndTxn", kmsg.EndTxn}, {"TxnOffsetCommit", kmsg.TxnOffsetCommit}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out")
+			dsn := pgtest.DSN(t)
+			cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+			validate(t, &cfg)
+			reg := prometheus.NewRegistry()
+			pl, err := pipeline.New(cfg, openStore(t, dsn), pipeline.WithLogger(zaptest.NewLogger(t)), pipeline.WithRegisterer(reg),
+				pipeline.WithKafkaOptions(kgo.RequestTimeoutOverhead(time.Second), kgo.RetryTimeout(2*time.Second)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := run(t, pl, reg)
+			one(t, kc, "in", rec("k1", `"A"`))
+			exactly(t, kc, "out", map[string][]string{"k1": {`"A"`}})
+
+			// For the next 5 s, the replies of this kind come 3 s late: after
+			// the client gave up (1 s), its retries too (2 s). The broker
+			// still handles each request.
+			var delayed atomic.Bool
+			var until atomic.Int64
+			kc.ControlKey(int16(tc.key), func(kmsg.Request) (kmsg.Response, error, bool) {
+				kc.KeepControl()
+				if !delayed.Swap(true) {
+					until.Store(time.Now().Add(5 * time.Second).UnixNano())
+				}
+				if time.Now().UnixNano() < until.Load() {
+					kc.SleepControl(func() { time.Sleep(3 * time.Second) })
+				}
+				return nil, nil, false
+			})
+			one(t, kc, "in", rec("k1", `"B"`), rec("k2", `"X"`))
+			one(t, kc, "in", rec("k2", `"Y"`))
+			exactly(t, kc, "out", map[string][]string{"k1": {`"A"`, `"B"`}, "k2": {`"X"`, `"Y"`}})
+			if !delayed.Load() {
+				t.Error("no request was delayed")
+			}
+			if n := r.counter("dam_delivery_errors_total", "svc"); n == 0 {
+				t.Error("the delayed reply did not fail a transaction")
+			}
+			r.stop()
+		})
+	}
+}
+
+// The known franz-go issue itself (#1052, #1207): the broker commits the
+// transaction but its EndTxn reply is lost; dam reads C again from Kafka,
+// finds the commit, and delivers nothing twice.
+func TestExactlyOnceCommittedReplyLost(t *testing.T) {
+	t.Parallel()
+	lossy := &lossyFaults{}
+	kc := testkafka.NewWith(t, 1, []string{"in", "out"}, []kfake.Opt{kfake.ListenFn(lossy.listen)})
+	dsn := pgtest.DSN(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("k1", `"A"`))
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`}})
+	lossy.loseNext(kmsg.EndTxn)
+	one(t, kc, "in", rec("k1", `"B"`), rec("k2", `"X"`))
+	one(t, kc, "in", rec("k2", `"Y"`))
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`, `"B"`}, "k2": {`"X"`, `"Y"`}})
+	if lossy.lost.Load() != 1 {
+		t.Errorf("%d EndTxn replies lost, want 1", lossy.lost.Load())
+	}
+	r.stop()
+}
+
+// Two live instances given the same transactional id: the newer fences
+// the older, which stops with an error saying so; the output stays exact.
+func TestExactlyOnceSameTransactionalID(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 2, "in", "out")
+	dsn := pgtest.DSN(t)
+	cfg := eosConfig(t, kc, dsn, "same", route("svc", "in", "out"))
+	a := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("k1", `"A"`))
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`}})
+	b := start(t, cfg, openStore(t, dsn))
+	waitFor(t, "B owning a partition", func() (bool, string) {
+		n := b.gauge("dam_partitions_assigned", "svc")
+		return n > 0, fmt.Sprint(n)
+	})
+	produceTo(t, kc, "in", &kgo.Record{Partition: 0, Key: []byte("k1"), Value: []byte(`"B"`)}, &kgo.Record{Partition: 1, Key: []byte("k2"), Value: []byte(`"X"`)})
+	var err error
+	select {
+	case err = <-a.errc:
+		a.done = true
+	case <-time.After(waitTimeout):
+		t.Fatal("the fenced instance did not stop")
+	}
+	if err == nil || !strings.Contains(err.Error(), "transactional id") {
+		t.Fatalf("the fenced instance returned %v, want an error naming the transactional id", err)
+	}
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`, `"B"`}, "k2": {`"X"`}})
+	b.stop()
+}
+
+// Bad input without a dead-letter topic halts its partition in
+// exactly-once mode too: nothing of it is committed past what was
+// delivered, and the other partitions go on.
+func TestExactlyOnceHalt(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 2, "in", "out")
+	dsn := pgtest.DSN(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	produceTo(t, kc, "in", &kgo.Record{Partition: 0, Key: []byte("a"), Value: []byte(`1`)})
+	exactly(t, kc, "out", map[string][]string{"a": {`1`}})
+	produceTo(t, kc, "in", &kgo.Record{Partition: 0, Key: []byte("bad"), Value: []byte(`{bad`)}, &kgo.Record{Partition: 0, Key: []byte("b"), Value: []byte(`2`)})
+	var err error
+	waitFor(t, "in/0 halted", func() (bool, string) {
+		err = r.pl.Ready()
+		return errors.Is(err, pipeline.ErrHalted), fmt.Sprint(err)
+	})
+	produceTo(t, kc, "in", &kgo.Record{Partition: 1, Key: []byte("c"), Value: []byte(`3`)})
+	exactly(t, kc, "out", map[string][]string{"a": {`1`}, "c": {`3`}})
+	waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+	time.Sleep(time.Second) // a few more rounds
+	waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+	r.stop()
+	_ = context.Background
+}
