@@ -163,6 +163,7 @@ func (c *Config) validate() []*Error {
 	}
 
 	c.validateRoutes(v)
+	c.validateServe(v)
 	return v.errs
 }
 
