@@ -550,18 +550,19 @@ func (ex *explainer) offset(ctx context.Context, topic string, part int32, offse
 			res.Reason = fmt.Sprintf("duplicate of the content forwarded from offset %s at %s", res.DuplicateOf.offsetText(), stamp(res.DuplicateOf.At))
 		}
 	case dedup.Forward.String():
-		res.Reason = "forwarded: its content differed from the content stored for its identity"
 		prev, prevValue, ok := previousRecord(recs, entity, entityOf, h)
-		if ok {
+		switch {
+		case !ok:
+			res.Reason = fmt.Sprintf("forwarded: no earlier record of this entity in offsets [%d, %d): a new identity, or its previous record is beyond --lookback", lo, offset)
+		case sameDigest(h, prevValue, digest):
 			res.Previous = &offsetRef{Offset: prev.Offset, At: prev.Timestamp.UTC(), From: "kafka"}
-			if d, _ := h.Sum(prevValue); d == digest {
-				res.Reason += fmt.Sprintf("; the previous record of this entity (offset %d) has the same content: its state was reset, pruned or set by a check in between", prev.Offset)
-			} else if diff, ok, err := firstDifference(h.Hasher, prevValue, rec.Value); err == nil && ok {
+			res.Reason = fmt.Sprintf("forwarded although the previous record of this entity (offset %d) has the same content: its state was reset or pruned in between (or changed by a check)", prev.Offset)
+		default:
+			res.Previous = &offsetRef{Offset: prev.Offset, At: prev.Timestamp.UTC(), From: "kafka"}
+			res.Reason = fmt.Sprintf("forwarded: its content differs from the previous record of this entity (offset %d)", prev.Offset)
+			if diff, ok, err := firstDifference(h.Hasher, prevValue, rec.Value); err == nil && ok {
 				res.Difference = &diff
-				res.Reason += fmt.Sprintf("; it changed from the previous record of this entity (offset %d)", prev.Offset)
 			}
-		} else {
-			res.Reason += fmt.Sprintf("; no earlier record of this entity in offsets [%d, %d): a new identity, or its previous record is beyond --lookback", lo, offset)
 		}
 		if fromState && st.Offset == offset {
 			res.Reason += "; it set the stored digest, still current"
@@ -644,6 +645,11 @@ func firstOf(recs []*kgo.Record, entity []byte, entityOf entityFunc) *kgo.Record
 		}
 	}
 	return nil
+}
+
+func sameDigest(h routeHasher, value []byte, d canon.Digest) bool {
+	vd, err := h.Sum(value)
+	return err == nil && vd == d
 }
 
 // previousRecord returns the last valid record of entity in recs: under

@@ -148,7 +148,7 @@ func TestExplainOffset(t *testing.T) {
 
 	code, out, _ = e.explainOffset(3)
 	mustContain(t, "explain 3 (logged)", out, "decision    forward", `/ripe: "mostly yellow" -> "perfectly yellow" (offset 1 -> 3)`,
-		"changed from the previous record of this entity (offset 1)")
+		"its content differs from the previous record of this entity (offset 1)")
 	if code != 0 {
 		t.Fatal(code)
 	}
