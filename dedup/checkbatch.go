@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -91,15 +92,70 @@ func CheckBatch(ctx context.Context, db Batcher, items []CheckItem, out []Decisi
 	return append(out, decided...), nil
 }
 
-// CheckBatch is CheckBatch on the store's pool: the batch is one
-// transaction of its own. A deadlock with a concurrent Decide (which locks
-// in another order) rolls it back; it then runs again.
+// CheckBatch is CheckBatch on the store's pool, in a transaction of its
+// own. When ctx has a deadline, the transaction's lock_timeout and
+// statement_timeout end shortly before it, so that PostgreSQL itself
+// aborts a check that would outlive its caller (waiting on a row lock, for
+// instance): the error then means that nothing was decided, and an unknown
+// outcome is left to a connection lost during the COMMIT. A deadlock with
+// a concurrent Decide (which locks in another order) rolls the batch back;
+// it then runs again.
 func (s *Store) CheckBatch(ctx context.Context, items []CheckItem, out []Decision) ([]Decision, error) {
 	var err error
 	for attempt := 1; ; attempt++ {
-		out, err = CheckBatch(ctx, s.pool, items, out)
+		out, err = s.checkBatchTx(ctx, items, out)
 		if err == nil || !isRace(err) || attempt == maxDecideAttempts {
 			return out, err
 		}
 	}
+}
+
+// serverMargin is how much earlier than the caller's deadline PostgreSQL
+// gives up a check: time for its error to come back.
+const serverMargin = 100 * time.Millisecond
+
+func (s *Store) checkBatchTx(ctx context.Context, items []CheckItem, out []Decision) ([]Decision, error) {
+	out = out[:0]
+	if len(items) == 0 {
+		return out, nil
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return out, classify("check batch", err)
+	}
+	defer conn.Release()
+	tx := &txBatcher{conn: conn.Conn()}
+	tx.pre = append(tx.pre, "BEGIN ISOLATION LEVEL READ COMMITTED")
+	if deadline, ok := ctx.Deadline(); ok {
+		left := time.Until(deadline)
+		margin := min(serverMargin, left/4)
+		ms := (left - margin).Milliseconds()
+		if ms < 1 {
+			return out, fmt.Errorf("%w: check batch: %w", ErrUnavailable, context.DeadlineExceeded)
+		}
+		// SET LOCAL takes no parameters; ms is an integer.
+		tx.pre = append(tx.pre, fmt.Sprintf("SET LOCAL lock_timeout = %d", ms), fmt.Sprintf("SET LOCAL statement_timeout = %d", ms))
+	}
+	out, err = CheckBatch(ctx, tx, items, out)
+	if err != nil {
+		s.rollback(ctx, conn.Conn())
+	}
+	return out, err
+}
+
+// txBatcher wraps a CheckBatch's statements in a transaction of its own:
+// pre first, COMMIT last, one round trip.
+type txBatcher struct {
+	conn *pgx.Conn
+	pre  []string
+}
+
+func (t *txBatcher) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	all := &pgx.Batch{}
+	for _, sql := range t.pre {
+		all.Queue(sql)
+	}
+	all.QueuedQueries = append(all.QueuedQueries, b.QueuedQueries...)
+	all.Queue("COMMIT")
+	return t.conn.SendBatch(ctx, all)
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dam-dedup/dam/dedup"
 )
@@ -66,5 +68,54 @@ func TestCheckBatchInTransaction(t *testing.T) {
 	}
 	if _, err := s.Get(ctx, "svc", []byte("a")); !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("rolled back CheckBatch left state: %v", err)
+	}
+}
+
+// A CheckBatch that would outlive its context's deadline waiting on a row
+// lock is aborted by PostgreSQL itself, before the deadline: the error
+// means nothing was decided, even though the lock is released afterwards.
+func TestCheckBatchDeadlineAbortsOnServer(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	if _, err := s.Check(ctx, "svc", []byte("a"), digest("A")); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM state WHERE service = 'svc' AND entity = 'a' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 600*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = s.CheckBatch(cctx, []dedup.CheckItem{
+		{Service: "svc", Entity: []byte("b"), Digest: digest("B")},
+		{Service: "svc", Entity: []byte("a"), Digest: digest("B")},
+	}, nil)
+	elapsed := time.Since(start)
+	var pgErr *pgconn.PgError
+	if !errors.Is(err, dedup.ErrUnavailable) || !errors.As(err, &pgErr) || (pgErr.Code != "55P03" && pgErr.Code != "57014") {
+		t.Fatalf("CheckBatch on a locked row: %v; want ErrUnavailable from the server's lock or statement timeout", err)
+	}
+	if elapsed > 600*time.Millisecond {
+		t.Fatalf("answered after %v: past the deadline", elapsed)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if _, err := s.Get(ctx, "svc", []byte("b")); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("b was decided by an aborted batch: %v", err)
+	}
+	if st, err := s.Get(ctx, "svc", []byte("a")); err != nil || st.Digest != digest("A") {
+		t.Fatalf("a changed: %+v %v", st, err)
+	}
+	// The pool is usable after the aborted batch.
+	if out, err := s.CheckBatch(ctx, []dedup.CheckItem{{Service: "svc", Entity: []byte("a"), Digest: digest("B")}}, nil); err != nil || out[0] != dedup.Forward {
+		t.Fatalf("after: %v %v", out, err)
 	}
 }

@@ -224,7 +224,13 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
-	d, err := s.store.Check(ctx, c.Service, c.Entity, c.Digest)
+	var d dedup.Decision
+	var err error
+	if cb := s.combiner.Load(); cb != nil {
+		d, err = cb.check(ctx, c)
+	} else {
+		d, err = s.store.Check(ctx, c.Service, c.Entity, c.Digest)
+	}
 	if err != nil {
 		s.storeError(w, "check", err)
 		return

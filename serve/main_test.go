@@ -66,6 +66,8 @@ func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	srv.Start(context.Background())
+	t.Cleanup(srv.Close) // after the HTTP server's close (cleanups run last first)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return &harness{t: t, url: ts.URL, store: store, srv: srv}

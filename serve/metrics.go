@@ -17,6 +17,7 @@ type metrics struct {
 	decisions   *prometheus.CounterVec
 	storeErrors prometheus.Counter
 	inFlight    prometheus.Gauge
+	combined    prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -42,6 +43,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		inFlight: f.NewGauge(prometheus.GaugeOpts{
 			Name: "dam_serve_in_flight",
 			Help: "API requests being served.",
+		}),
+		combined: f.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dam_serve_combined_checks",
+			Help:    "Single checks decided together in one transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
 		}),
 	}
 }

@@ -31,6 +31,7 @@
 //	dam_serve_decisions_total{service,decision}  forward and duplicate answers
 //	dam_serve_store_errors_total                 store errors (answered 503)
 //	dam_serve_in_flight                          requests being served
+//	dam_serve_combined_checks                    single checks decided per transaction
 package serve
 
 import (
@@ -42,6 +43,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -64,8 +66,8 @@ func WithLogger(l *zap.Logger) Option { return func(s *Server) { s.log = l } }
 // /metrics serves (default: a new registry of the server's own metrics).
 func WithRegistry(r *prometheus.Registry) Option { return func(s *Server) { s.reg = r } }
 
-// Server is the check service. Create it with New, serve it with Run (or
-// mount Handler in a server of your own).
+// Server is the check service. Create it with New and serve it with Run,
+// or mount Handler in a server of your own between Start and Close.
 type Server struct {
 	cfg     config.Serve
 	store   *dedup.Store
@@ -76,8 +78,12 @@ type Server struct {
 	hashers  map[string]*canon.Hasher // by service, from the routes
 	fallback *canon.Hasher            // canon's defaults
 	tokens   []token
+	deciders int // combining deciders: postgres.max_conns
 
 	draining atomic.Bool // shutting down: not ready
+
+	startOnce sync.Once
+	combiner  atomic.Pointer[combiner] // set by Start
 }
 
 // token is a resolved bearer token: its SHA-256 (compared in constant
@@ -93,7 +99,8 @@ type token struct {
 // routes. It reads token files (an error names the key) and does not
 // connect to the store.
 func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error) {
-	s := &Server{cfg: cfg.Serve, store: store, log: zap.NewNop(), hashers: map[string]*canon.Hasher{}}
+	s := &Server{cfg: cfg.Serve, store: store, log: zap.NewNop(), hashers: map[string]*canon.Hasher{},
+		deciders: max(1, int(cfg.Postgres.MaxConns))}
 	for _, o := range opts {
 		o(s)
 	}
@@ -168,6 +175,24 @@ func (s *Server) authenticate(r *http.Request) *token {
 
 func (t *token) allows(service string) bool { return t.any || t.services[service] }
 
+// Start starts the deciders that combine the single checks of concurrent
+// requests into shared transactions (one per postgres.max_conns
+// connection). Without Start, Handler decides each check in a statement of
+// its own: the same answers, more commits. Stop them with Close.
+func (s *Server) Start(ctx context.Context) {
+	s.startOnce.Do(func() {
+		s.combiner.Store(newCombiner(ctx, s.store, s.deciders, s.cfg.RequestTimeout, s.metrics))
+	})
+}
+
+// Close stops the deciders Start started, after their transactions in
+// flight. Call it once the HTTP server has drained.
+func (s *Server) Close() {
+	if c := s.combiner.Swap(nil); c != nil {
+		c.close()
+	}
+}
+
 // Handler returns the service's HTTP handler: the API, /metrics, /healthz
 // and /readyz.
 func (s *Server) Handler() http.Handler {
@@ -217,6 +242,8 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ErrorLog:    zap.NewStdLog(s.log.Named("http")),
 	}
+	s.Start(ctx)
+	defer s.Close() // after the shutdown: no request is left to answer
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	s.log.Info("serve: listening", zap.String("addr", ln.Addr().String()), zap.Int("tokens", len(s.tokens)),
