@@ -229,7 +229,10 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 	if cb := s.combiner.Load(); cb != nil {
 		d, err = cb.check(ctx, c)
 	} else {
-		d, err = s.store.Check(ctx, c.Service, c.Entity, c.Digest)
+		var out []dedup.Decision
+		if out, err = s.store.CheckBatch(ctx, []dedup.CheckItem{c}, nil); err == nil {
+			d = out[0]
+		}
 	}
 	if err != nil {
 		s.storeError(w, "check", err)

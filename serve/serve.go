@@ -6,11 +6,14 @@
 // A payload is hashed with its service's route options when the
 // configuration has a route of that service (format, ignore pointers,
 // limits), with canon's defaults otherwise, so a service can be checked
-// from both sides consistently. Decisions are the single-statement
-// compare-and-set of dedup.Check (a batch: dedup.CheckBatch, one
-// transaction), linearizable per identity. A store outage or a request
-// past serve.request_timeout is answered 503 with Retry-After: never a
-// guess.
+// from both sides consistently. Decisions are dedup.Check's
+// compare-and-set, run by dedup.CheckBatch: the single checks of
+// concurrent requests share a transaction (group commit), a batch request
+// is one transaction; decisions are linearizable per identity. A store
+// outage or a request past serve.request_timeout is answered 503 with
+// Retry-After, never a guess: PostgreSQL's own timeouts end a transaction
+// before the request's deadline, so that the 503 means nothing was decided
+// (only a connection lost during a COMMIT leaves the outcome unknown).
 //
 // Endpoints (JSON; errors are {"code", "message"}):
 //
@@ -177,8 +180,8 @@ func (t *token) allows(service string) bool { return t.any || t.services[service
 
 // Start starts the deciders that combine the single checks of concurrent
 // requests into shared transactions (one per postgres.max_conns
-// connection). Without Start, Handler decides each check in a statement of
-// its own: the same answers, more commits. Stop them with Close.
+// connection). Without Start, Handler decides each check in a transaction
+// of its own: the same answers, more commits. Stop them with Close.
 func (s *Server) Start(ctx context.Context) {
 	s.startOnce.Do(func() {
 		s.combiner.Store(newCombiner(ctx, s.store, s.deciders, s.cfg.RequestTimeout, s.metrics))

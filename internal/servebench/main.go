@@ -62,7 +62,7 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.rates, "rates", "100,250,500,1000,2000,3000,4000,5000,6000,8000", "request rates to try, in order (per second)")
+	flag.StringVar(&o.rates, "rates", "100,250,500,1000,1500,2000,2500,3000,4000,5000,6000,8000", "request rates to try, in order (per second)")
 	flag.DurationVar(&o.step, "step", 5*time.Second, "duration of each rate")
 	flag.DurationVar(&o.p99, "p99", 250*time.Millisecond, "p99 a rate must stay under to be held")
 	flag.IntVar(&o.entities, "entities", 20_000, "distinct identities")
@@ -129,13 +129,15 @@ func run(o options) error {
 		return err
 	}
 
-	fmt.Printf("%8s %10s %9s %9s %9s %8s %8s  %s\n", "rate/s", "achieved/s", "p50 ms", "p99 ms", "max ms", "errors", "dup %", "held")
+	fmt.Printf("%8s %10s %9s %9s %9s %8s %6s %10s  %s\n", "rate/s", "achieved/s", "p50 ms", "p99 ms", "max ms", "errors", "dup %", "serve µs/r", "held")
 	best := 0
 	for _, rate := range rates {
+		cpu0 := cpuTime(srv.cmd.Process.Pid)
 		st := runStep(client, srv.url, w, rate, o.step)
+		cpu := cpuTime(srv.cmd.Process.Pid) - cpu0
 		held := st.errors == 0 && st.late == 0 && st.p99 < o.p99
-		fmt.Printf("%8d %10.0f %9.1f %9.1f %9.1f %8d %8.1f  %s\n", rate, st.achieved, ms(st.p50), ms(st.p99), ms(st.max), st.errors+st.late,
-			100*float64(st.duplicates)/float64(max(1, st.ok)), yesNo(held))
+		fmt.Printf("%8d %10.0f %9.1f %9.1f %9.1f %8d %6.1f %10.0f  %s\n", rate, st.achieved, ms(st.p50), ms(st.p99), ms(st.max), st.errors+st.late,
+			100*float64(st.duplicates)/float64(max(1, st.ok)), float64(cpu.Microseconds())/float64(max(1, st.ok)), yesNo(held))
 		if st.firstErr != "" {
 			logf("rate %d: first error: %s", rate, st.firstErr)
 		}
@@ -183,6 +185,7 @@ func runStep(client *http.Client, url string, w *workload, rate int, d time.Dura
 		bodies[i] = w.next()
 	}
 	lat := make([]time.Duration, n)
+	finished := make([]time.Time, n)
 	var errs, dups atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
@@ -198,7 +201,8 @@ func runStep(client *http.Client, url string, w *workload, rate int, d time.Dura
 		go func() {
 			defer wg.Done()
 			dup, err := post(client, url, bodies[i])
-			lat[i] = time.Since(due)
+			finished[i] = time.Now()
+			lat[i] = finished[i].Sub(due)
 			if err != nil {
 				errs.Add(1)
 				firstErr.CompareAndSwap(nil, err.Error())
@@ -214,12 +218,12 @@ func runStep(client *http.Client, url string, w *workload, rate int, d time.Dura
 	end := time.Now()
 	res := stepResult{requests: n}
 	var ok []time.Duration
-	for _, l := range lat {
+	for i, l := range lat {
 		if l < 0 {
 			continue
 		}
 		ok = append(ok, l)
-		if start.Add(l).After(deadline) {
+		if finished[i].After(deadline) {
 			res.late++
 		}
 	}
@@ -325,6 +329,25 @@ func (w *workload) body(e int) []byte {
 		},
 	})
 	return b
+}
+
+// cpuTime returns a process's user+system CPU time from /proc (0 where
+// there is no /proc).
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name, which is in parentheses: utime and
+	// stime are the 14th and 15th fields of the line.
+	rest := b[bytes.LastIndexByte(b, ')')+2:]
+	f := strings.Fields(string(rest))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
 }
 
 // server is the running `dam serve`.
