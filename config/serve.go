@@ -77,10 +77,10 @@ func DefaultServe() Serve {
 // (see Serve.ResolveTokens); tokens are never quoted in errors.
 func (c *Config) validateServe(v *validator) {
 	s := &c.Serve
-	if s.Listen == "" {
-		v.addf("serve.listen", "required: the API needs an address")
-	} else if _, _, err := net.SplitHostPort(s.Listen); err != nil {
-		v.addf("serve.listen", "invalid address %q: want host:port or :port", s.Listen)
+	if s.Listen != "" {
+		if _, _, err := net.SplitHostPort(s.Listen); err != nil {
+			v.addf("serve.listen", "invalid address %q: want host:port or :port", s.Listen)
+		}
 	}
 	if s.Token != "" && len(s.Token) < MinTokenLength {
 		v.addf("serve.token", "too short: at least %d characters", MinTokenLength)
@@ -112,8 +112,12 @@ func (c *Config) validateServe(v *validator) {
 	v.positive("serve.shutdown_grace", s.ShutdownGrace)
 }
 
-// validateForServe adds what only `dam serve` requires: a token.
+// validateForServe adds what only `dam serve` requires: an address and a
+// token.
 func (c *Config) validateForServe(v *validator) {
+	if c.Serve.Listen == "" {
+		v.addf("serve.listen", "required: the API needs an address")
+	}
 	if c.Serve.Token == "" && len(c.Serve.Tokens) == 0 {
 		v.addf("serve.tokens", "required: at least one token (or set %sSERVE_TOKEN)", EnvPrefix)
 	}

@@ -40,7 +40,6 @@ func TestServeValidateErrors(t *testing.T) {
 		key    string
 		msg    string
 	}{
-		{"no listen", func(s *Serve) { s.Listen = "" }, "serve.listen", "required"},
 		{"bad listen", func(s *Serve) { s.Listen = "8080" }, "serve.listen", "invalid address"},
 		{"short token", func(s *Serve) { s.Token = "short" }, "serve.token", "too short"},
 		{"neither", func(s *Serve) { s.Tokens = []ServeToken{{Services: []string{"a"}}} }, "serve.tokens[0]", "set token or token_file"},
@@ -75,6 +74,11 @@ func TestLoadServe(t *testing.T) {
 	}
 	_, err := LoadServe(path, nil)
 	wantProblem(t, err, "serve.tokens", "DAM_SERVE_TOKEN")
+	_, err = LoadServe(path, []string{"DAM_SERVE_TOKEN=" + longToken, "DAM_SERVE_LISTEN="})
+	wantProblem(t, err, "serve.listen", "required")
+	if _, err := Load(writeFile(t, minimal), []string{"DAM_SERVE_LISTEN="}); err != nil {
+		t.Fatalf("dam run does not need serve.listen: %v", err)
+	}
 	c, err := LoadServe(path, []string{"DAM_SERVE_TOKEN=" + longToken})
 	if err != nil {
 		t.Fatal(err)

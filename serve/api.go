@@ -187,13 +187,13 @@ func (s *Server) storeError(w http.ResponseWriter, op string, err error) {
 	writeError(w, http.StatusInternalServerError, codeInternal, "store error")
 }
 
-// authorize authenticates r and checks its token allows every service.
-func (s *Server) authorize(w http.ResponseWriter, r *http.Request, services ...string) bool {
-	t := s.authenticate(r)
-	if t == nil {
-		writeError(w, http.StatusUnauthorized, codeUnauthorized, "missing or invalid bearer token")
-		return false
-	}
+// unauthorized answers a request without a valid token.
+func unauthorized(w http.ResponseWriter) {
+	writeError(w, http.StatusUnauthorized, codeUnauthorized, "missing or invalid bearer token")
+}
+
+// authorize checks that t allows every service, or answers 403.
+func authorize(w http.ResponseWriter, t *token, services ...string) bool {
 	for _, svc := range services {
 		if !t.allows(svc) {
 			writeError(w, http.StatusForbidden, codeForbidden, fmt.Sprintf("token not allowed service %q", svc))
@@ -205,8 +205,9 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, services ...s
 
 func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 	// Authenticate before reading the body: no work for a stranger.
-	if s.authenticate(r) == nil {
-		writeError(w, http.StatusUnauthorized, codeUnauthorized, "missing or invalid bearer token")
+	t := s.authenticate(r)
+	if t == nil {
+		unauthorized(w)
 		return
 	}
 	var req checkRequest
@@ -214,7 +215,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e.status, e.code, e.msg)
 		return
 	}
-	if req.Service != nil && !s.authorize(w, r, *req.Service) {
+	if req.Service != nil && !authorize(w, t, *req.Service) {
 		return
 	}
 	c, e := s.parse(&req, "")
@@ -262,8 +263,9 @@ type batchResponse struct {
 // handleBatch decides a batch's valid checks in one transaction, in their
 // order; an invalid check gets its own error and changes nothing.
 func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
-	if s.authenticate(r) == nil {
-		writeError(w, http.StatusUnauthorized, codeUnauthorized, "missing or invalid bearer token")
+	t := s.authenticate(r)
+	if t == nil {
+		unauthorized(w)
 		return
 	}
 	var req batchRequest
@@ -286,7 +288,7 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 			services = append(services, *c.Service)
 		}
 	}
-	if !s.authorize(w, r, services...) {
+	if !authorize(w, t, services...) {
 		return
 	}
 	results := make([]batchResult, len(req.Checks))
@@ -336,8 +338,9 @@ type source struct {
 // stateIdentity authenticates a state request, reads its identity and
 // authorizes its service, or answers the failure.
 func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (string, []byte, bool) {
-	if s.authenticate(r) == nil {
-		writeError(w, http.StatusUnauthorized, codeUnauthorized, "missing or invalid bearer token")
+	t := s.authenticate(r)
+	if t == nil {
+		unauthorized(w)
 		return "", nil, false
 	}
 	service, entity, e := pathIdentity(r)
@@ -345,7 +348,7 @@ func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (string, 
 		writeError(w, e.status, e.code, e.msg)
 		return "", nil, false
 	}
-	if !s.authorize(w, r, service) {
+	if !authorize(w, t, service) {
 		return "", nil, false
 	}
 	return service, entity, true

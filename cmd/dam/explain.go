@@ -328,6 +328,9 @@ func (ex *explainer) payload(ctx context.Context, service string, entity, payloa
 	return res, nil
 }
 
+// kafkaTimeout bounds reading the stored content back from Kafka.
+const kafkaTimeout = 10 * time.Second
+
 // storedContent reads the value that set the stored digest back from
 // Kafka; without it, it says why ("no longer readable: ...").
 func (ex *explainer) storedContent(ctx context.Context, h routeHasher, st *storedJSON) ([]byte, string) {
@@ -337,6 +340,10 @@ func (ex *explainer) storedContent(ctx context.Context, h routeHasher, st *store
 	if st.Source == nil {
 		return nil, "stored content no longer readable: it was set by a check (dam serve or dedup.Check), which keeps only its digest"
 	}
+	// Kafka is only needed for the difference: do not spend the whole
+	// --timeout on it when the brokers do not answer.
+	ctx, cancel := context.WithTimeout(ctx, kafkaTimeout)
+	defer cancel()
 	b, err := ex.kafka.bounds(ctx, "", st.Source.Topic, st.Source.Partition)
 	if err != nil {
 		return nil, "stored content no longer readable: " + err.Error()
