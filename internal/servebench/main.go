@@ -168,12 +168,12 @@ func yesNo(b bool) string {
 
 // stepResult is one rate's measurements.
 type stepResult struct {
-	achieved           float64
-	p50, p99, max      time.Duration
-	ok, duplicates     int
-	errors, late       int // failed requests; requests answered after the step's grace
-	firstErr           string
-	requests, answered int
+	achieved       float64
+	p50, p99, max  time.Duration
+	ok, duplicates int
+	errors, late   int // failed requests; requests answered after the step's grace
+	firstErr       string
+	requests       int
 }
 
 // runStep sends rate requests per second for d, open loop, and measures
