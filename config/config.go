@@ -21,6 +21,8 @@ type Config struct {
 	Log Log `koanf:"log"`
 	// Pipeline tunes batching, buffering and retries.
 	Pipeline Pipeline `koanf:"pipeline"`
+	// Serve configures `dam serve`, the synchronous check service.
+	Serve Serve `koanf:"serve"`
 	// Routes are the topic pairs dam deduplicates; at least one is required.
 	// Routes are not settable from the environment. No default.
 	Routes []Route `koanf:"routes"`
@@ -276,6 +278,7 @@ func Default() Config {
 			RetryMin:      100 * time.Millisecond,
 			RetryMax:      10 * time.Second,
 		},
+		Serve: DefaultServe(),
 	}
 }
 

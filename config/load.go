@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,13 +33,18 @@ const envIgnorePrefix = "DAM_TEST_"
 // The file must not contain unknown keys. An environment variable names a
 // scalar key by upper-casing its path and replacing dots with underscores
 // (postgres.statement_timeout: DAM_POSTGRES_STATEMENT_TIMEOUT); lists take
-// comma-separated values (DAM_KAFKA_BROKERS=a:9092,b:9092); routes cannot be
-// set from the environment. Variables starting with DAM_TEST_ are ignored;
-// any other unknown DAM_ variable is an error.
+// comma-separated values (DAM_KAFKA_BROKERS=a:9092,b:9092); routes and
+// serve.tokens cannot be set from the environment. Variables starting with
+// DAM_TEST_ are ignored; any other unknown DAM_ variable is an error.
 //
 // The error, if any, joins every problem found: *FileError for an unreadable
 // or unparseable file, otherwise *Error values naming keys or variables.
 func Load(path string, environ []string) (Config, error) {
+	return load(path, environ, false)
+}
+
+// load is Load, or LoadServe when forServe.
+func load(path string, environ []string, forServe bool) (Config, error) {
 	k := koanf.New(".")
 	if path != "" {
 		b, err := file.Provider(path).ReadBytes()
@@ -67,7 +73,14 @@ func Load(path string, environ []string) (Config, error) {
 	d.decode("", k.Raw(), reflect.ValueOf(&cfg).Elem())
 	d.readSecretFiles(&cfg)
 	errs = append(errs, d.errs...)
-	for _, err := range cfg.validate() {
+	problems := cfg.validate()
+	if forServe {
+		problems = slices.DeleteFunc(problems, servesWithout)
+		v := &validator{}
+		cfg.validateForServe(v)
+		problems = append(problems, v.errs...)
+	}
+	for _, err := range problems {
 		if !d.covers(err.Key) {
 			errs = append(errs, err)
 		}
@@ -103,8 +116,8 @@ var envKeys = func() map[string]envKey {
 		for i := 0; i < t.NumField(); i++ {
 			f := t.Field(i)
 			name := f.Tag.Get("koanf")
-			if name == "" || name == "routes" {
-				continue
+			if name == "" || (f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.Struct) {
+				continue // routes, serve.tokens: only in the file
 			}
 			path := joinKey(prefix, name)
 			if f.Type.Kind() == reflect.Struct {
@@ -158,6 +171,9 @@ func readEnv(environ []string) (map[string]any, []error) {
 			err := ErrUnknownEnv
 			if strings.HasPrefix(name, EnvPrefix+"ROUTES") {
 				err = fmt.Errorf("%w: routes cannot be set from the environment", ErrUnknownEnv)
+			}
+			if strings.HasPrefix(name, EnvPrefix+"SERVE_TOKENS") {
+				err = fmt.Errorf("%w: serve.tokens cannot be set from the environment (%sSERVE_TOKEN gives one token for every service)", ErrUnknownEnv, EnvPrefix)
 			}
 			errs = append(errs, &Error{Key: name, Err: err})
 			continue
@@ -276,7 +292,13 @@ func readSecretFile(path string) (string, error) {
 }
 
 // secretKeys are never quoted in error messages.
-var secretKeys = map[string]bool{"postgres.dsn": true, "kafka.sasl.password": true}
+var secretKeys = map[string]bool{"postgres.dsn": true, "kafka.sasl.password": true, "serve.token": true}
+
+// isSecret reports a key whose value is never quoted: one of secretKeys or
+// a serve token (serve.tokens[i].token).
+func isSecret(key string) bool {
+	return secretKeys[key] || (strings.HasPrefix(key, "serve.tokens[") && strings.HasSuffix(key, "].token"))
+}
 
 // decoder decodes a koanf map onto a struct strictly: unknown keys and
 // values of the wrong type are errors naming their key path.
@@ -467,7 +489,7 @@ func (d *decoder) describe(key string, raw any) string {
 	default:
 		kind = fmt.Sprintf("%T", raw)
 	}
-	if secretKeys[key] {
+	if isSecret(key) {
 		return kind
 	}
 	if s, ok := raw.(string); ok {

@@ -17,12 +17,22 @@ const Mask = "xxxxx"
 
 // Redacted returns a copy of c safe to print: the password in
 // postgres.dsn (URL user info, a "password" query parameter or a
-// key=value "password=..." pair) and kafka.sasl.password are replaced by
-// "xxxxx".
+// key=value "password=..." pair), kafka.sasl.password, serve.token and
+// serve.tokens[].token are replaced by "xxxxx".
 func (c Config) Redacted() Config {
 	c.Postgres.DSN = RedactDSN(c.Postgres.DSN)
 	if c.Kafka.SASL.Password != "" {
 		c.Kafka.SASL.Password = Mask
+	}
+	if c.Serve.Token != "" {
+		c.Serve.Token = Mask
+	}
+	c.Serve.Tokens = slicesClone(c.Serve.Tokens)
+	for i := range c.Serve.Tokens {
+		if c.Serve.Tokens[i].Token != "" {
+			c.Serve.Tokens[i].Token = Mask
+		}
+		c.Serve.Tokens[i].Services = slicesClone(c.Serve.Tokens[i].Services)
 	}
 	c.Kafka.Brokers = slicesClone(c.Kafka.Brokers)
 	c.Routes = slicesClone(c.Routes)

@@ -182,6 +182,7 @@ func (c *Config) validate() []*Error {
 	}
 
 	c.validateRoutes(v)
+	c.validateServe(v)
 	return v.errs
 }
 

@@ -57,19 +57,13 @@ func (s *Store) Get(ctx context.Context, service string, entity []byte) (State, 
 
 // Reset deletes the state of the given entities of service, or of the whole
 // service when none is given, and returns how many identities it removed.
-// Their next records are forwarded: use it to re-deliver on purpose.
+// Their next records are forwarded: use it to re-deliver on purpose. It
+// runs in batches (see ResetEntities and ResetService).
 func (s *Store) Reset(ctx context.Context, service string, entities ...[]byte) (int64, error) {
-	if service == "" {
-		return 0, fmt.Errorf("%w: empty service", ErrInvalid)
-	}
-	var err error
-	var n int64
 	if len(entities) == 0 {
-		n, err = s.exec(ctx, `DELETE FROM state WHERE service = $1`, service)
-	} else {
-		n, err = s.exec(ctx, `DELETE FROM state WHERE service = $1 AND entity = ANY($2::bytea[])`, service, entities)
+		return s.ResetService(ctx, service)
 	}
-	return n, classify("reset", err)
+	return s.ResetEntities(ctx, service, entities)
 }
 
 // pruneBatch bounds each step of PruneState, so pruning never holds many
@@ -90,42 +84,13 @@ const (
 			WHERE s.updated_at < now() - make_interval(secs => $4) FOR UPDATE OF s SKIP LOCKED),
 		gone AS (
 			DELETE FROM state s USING doomed d WHERE s.service = d.service AND s.entity = d.entity RETURNING 1)
-		SELECT (SELECT count(*) FROM gone), service, entity FROM chunk ORDER BY service DESC, entity DESC LIMIT 1`
+		SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM chunk), service, entity
+		FROM chunk ORDER BY service DESC, entity DESC LIMIT 1`
 	pruneFirstService = `service = $1 AND entity >= $2`
 	pruneNextService  = `service = $1 AND entity > $2`
 	pruneFirstAll     = `(service, entity) >= ($1, $2)` // from ('', ''): every row
 	pruneNextAll      = `(service, entity) > ($1, $2)`
 )
-
-// PruneState deletes the state of identities (of service, or of every
-// service when service is "") whose digest has not changed for olderThan,
-// in steps of at most pruneBatch rows each, and returns how many it
-// deleted. The next record of a pruned identity is forwarded.
-func (s *Store) PruneState(ctx context.Context, service string, olderThan time.Duration) (int64, error) {
-	if olderThan < 0 {
-		return 0, fmt.Errorf("%w: negative age %v", ErrInvalid, olderThan)
-	}
-	first, next := pruneFirstService, pruneNextService
-	if service == "" {
-		first, next = pruneFirstAll, pruneNextAll
-	}
-	var total int64
-	cond := first
-	lastService, lastEntity := service, []byte{}
-	for {
-		var n int64
-		err := s.pool.QueryRow(ctx, fmt.Sprintf(sqlPruneChunk, cond),
-			lastService, lastEntity, pruneBatch, olderThan.Seconds()).Scan(&n, &lastService, &lastEntity)
-		if errors.Is(err, pgx.ErrNoRows) { // past the last row
-			return total, nil
-		}
-		if err != nil {
-			return total, classify("prune state", err)
-		}
-		total += n
-		cond = next
-	}
-}
 
 // Count returns the number of identities of service with a stored state.
 // It reads only that service's part of the primary key, unlike Stats, which
@@ -176,11 +141,7 @@ func Check(ctx context.Context, db Querier, service string, entity []byte, d can
 		return 0, fmt.Errorf("%w: zero digest", ErrInvalid)
 	}
 	var one int
-	err := db.QueryRow(ctx, `INSERT INTO state AS s (service, entity, digest, updated_at) VALUES ($1, $2, $3, now())
-		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = now(),
-			src_topic = NULL, src_partition = NULL, src_offset = NULL
-		WHERE s.digest IS DISTINCT FROM EXCLUDED.digest
-		RETURNING 1`, service, nonNil(entity), d[:]).Scan(&one)
+	err := db.QueryRow(ctx, sqlCheck, service, nonNil(entity), d[:]).Scan(&one)
 	switch {
 	case err == nil:
 		return Forward, nil

@@ -1,9 +1,9 @@
 // Command dam is the sidecar that stops duplicate projections before they
 // reach an adapter, and the operator's tool around it.
 //
-// Subcommands: run, migrate, demo, hash, state, config, version. Exit status
-// is 0 on success, 1 on a runtime failure and 2 on a usage or configuration
-// error.
+// Subcommands: run, serve, migrate, demo, hash, explain, state, config,
+// version. Exit status is 0 on success, 1 on a runtime failure and 2 on a
+// usage or configuration error.
 package main
 
 import (
@@ -44,10 +44,12 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
 		newHashCmd(),
+		newExplainCmd(),
 		newMigrateCmd(),
 		newStateCmd(),
 		newConfigCmd(),
 		newRunCmd(),
+		newServeCmd(),
 		newDemoCmd(),
 		newVersionCmd(),
 	)

@@ -9,9 +9,18 @@ import (
 	"github.com/dam-dedup/dam/internal/pgtest"
 )
 
+// envExecDam makes the test binary run as dam itself (for tests that need
+// a process of their own, e.g. to send it SIGTERM).
+const envExecDam = "DAM_TEST_EXEC_DAM"
+
 // TestMain gives the command tests a real PostgreSQL: the configured or
 // local server, else a throwaway cluster; it fails loudly without one.
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(envExecDam) == "1" {
+		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	pgtest.Main(m)
+}
 
 // unsetDSN removes DAM_POSTGRES_DSN for the test (an empty value would
 // override the file's postgres.dsn: set-but-empty is a value).

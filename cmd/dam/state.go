@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
@@ -65,11 +68,15 @@ func showEntity(e []byte) string {
 }
 
 func newStateGetCmd() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "get SERVICE ENTITY",
 		Short: "Show the stored digest of one identity",
 		Args:  argsUsage(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := outputJSON(cmd)
+			if err != nil {
+				return err
+			}
 			entities, err := entityArgs(cmd, args[1:])
 			if err != nil {
 				return err
@@ -82,6 +89,12 @@ func newStateGetCmd() *cobra.Command {
 			st, err := s.Get(cmd.Context(), args[0], entities[0])
 			if err != nil {
 				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), stateJSON{
+					Service: st.Service, Entity: showEntity(st.Entity), EntityHex: hex.EncodeToString(st.Entity),
+					storedJSON: *storedOf(st),
+				})
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "service\t%s\n", st.Service)
@@ -96,68 +109,165 @@ func newStateGetCmd() *cobra.Command {
 			return w.Flush()
 		},
 	}
+	addOutputFlag(cmd)
+	return cmd
+}
+
+// stateJSON is state get's JSON output.
+type stateJSON struct {
+	Service   string `json:"service"`
+	Entity    string `json:"entity"` // text, or "hex:..." for a key that is not
+	EntityHex string `json:"entity_hex"`
+	storedJSON
 }
 
 func newStateResetCmd() *cobra.Command {
-	var all bool
+	var (
+		all          bool
+		yes          bool
+		entitiesFrom string
+		batch        int
+	)
 	cmd := &cobra.Command{
-		Use:   "reset SERVICE [ENTITY...]",
+		Use:   "reset SERVICE [ENTITY...] [--entities-from FILE] | SERVICE --all --yes",
 		Short: "Forget identities so their next records are forwarded",
-		Long: `Delete the stored state of the given entities of SERVICE, or of the whole
-service with --all (required, so that a missing argument cannot wipe a
-service). Their next records are forwarded.`,
-		Args: argsUsage(cobra.MinimumNArgs(1)),
+		Long: `Delete the stored state of the given entities of SERVICE (arguments, and
+one entity per line of --entities-from FILE, "-" for stdin; --hex applies to
+both), or of the whole service with --all, which also requires --yes so
+that a slip cannot wipe a service. Their next records are forwarded.
+
+Resets run in batches of --batch identities, each a short statement of its
+own, so no lock is held for long; a large reset shows its progress on
+stderr (a bar on a terminal, plain lines otherwise).`,
+		Args:                  argsUsage(cobra.MinimumNArgs(1)),
+		DisableFlagsInUseLine: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 1 && !all {
-				return usagef("reset: give ENTITY arguments, or --all to reset the whole service %q", args[0])
-			}
-			if len(args) > 1 && all {
-				return usagef("reset: --all and ENTITY arguments exclude each other")
+			service := args[0]
+			listed := len(args) > 1 || entitiesFrom != ""
+			switch {
+			case all && listed:
+				return usagef("reset: --all excludes ENTITY arguments and --entities-from")
+			case all && !yes:
+				return usagef("reset: --all deletes the state of every identity of service %q: add --yes to confirm", service)
+			case !all && !listed:
+				return usagef("reset: give ENTITY arguments or --entities-from FILE, or --all --yes to reset the whole service %q", service)
+			case batch <= 0:
+				return usagef("reset: --batch must be positive")
 			}
 			entities, err := entityArgs(cmd, args[1:])
 			if err != nil {
 				return err
 			}
+			if entitiesFrom != "" {
+				more, err := readEntities(cmd, entitiesFrom)
+				if err != nil {
+					return err
+				}
+				entities = append(entities, more...)
+			}
+			pr, err := newProgress(cmd, "reset", "identities", isTerminal)
+			if err != nil {
+				return err
+			}
 			s, err := openStore(cmd)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			n, err := s.Reset(cmd.Context(), args[0], entities...)
-			if err != nil {
-				return err
+			opts := []dedup.OpOption{dedup.WithBatchSize(batch), dedup.WithProgress(pr.step)}
+			var n int64
+			if all {
+				n, err = s.ResetService(cmd.Context(), service, opts...)
+			} else {
+				n, err = s.ResetEntities(cmd.Context(), service, entities, opts...)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "reset %d identities of service %s\n", n, args[0])
+			pr.done()
+			if err != nil {
+				return fmt.Errorf("reset of service %s stopped after %d identities: %w", service, n, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "reset %d identities of service %s\n", n, service)
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&all, "all", false, "reset every identity of the service")
+	cmd.Flags().BoolVar(&all, "all", false, "reset every identity of the service (requires --yes)")
+	cmd.Flags().BoolVar(&yes, "yes", false, "confirm --all")
+	cmd.Flags().StringVar(&entitiesFrom, "entities-from", "", "read entities from this `FILE`, one per line (\"-\": stdin)")
+	cmd.Flags().IntVar(&batch, "batch", 5000, "identities per statement")
+	addProgressFlag(cmd)
 	return cmd
+}
+
+// readEntities reads one entity per line of name ("-": stdin), skipping
+// blank lines; with --hex every line is hex. Errors name the line.
+func readEntities(cmd *cobra.Command, name string) ([][]byte, error) {
+	isHex, _ := cmd.Flags().GetBool("hex")
+	in := cmd.InOrStdin()
+	if name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, usagef("--entities-from: %v", err)
+		}
+		defer f.Close()
+		in = f
+	}
+	var out [][]byte
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		text := strings.TrimSuffix(sc.Text(), "\r")
+		if strings.TrimSpace(text) == "" {
+			continue
+		}
+		if !isHex {
+			out = append(out, []byte(text))
+			continue
+		}
+		b, err := hex.DecodeString(strings.TrimSpace(text))
+		if err != nil {
+			return nil, usagef("%s:%d: entity %q: not hex: %v", name, line, text, err)
+		}
+		out = append(out, b)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("--entities-from %s: %w", name, err)
+	}
+	return out, nil
 }
 
 func newStatePruneCmd() *cobra.Command {
 	var olderThan time.Duration
 	var service string
+	var batch int
 	cmd := &cobra.Command{
 		Use:   "prune --older-than DURATION [--service S]",
 		Short: "Delete state not changed for a while",
 		Long: `Delete the state of identities whose stored digest has not changed for
---older-than (of one service, or of all), in batches. A pruned identity's
-next record is forwarded: prune only beyond the age at which a repeat no
-longer matters.`,
+--older-than (of one service, or of all). A pruned identity's next record
+is forwarded: prune only beyond the age at which a repeat no longer
+matters. It walks the state in batches of --batch rows, each a short
+statement of its own (rows being decided are skipped), showing its progress
+on stderr (a bar on a terminal, plain lines otherwise).`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if olderThan <= 0 {
 				return usagef("prune: --older-than must be a positive duration, e.g. 720h")
+			}
+			if batch <= 0 {
+				return usagef("prune: --batch must be positive")
+			}
+			pr, err := newProgress(cmd, "prune", "rows walked", isTerminal)
+			if err != nil {
+				return err
 			}
 			s, err := openStore(cmd)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			n, err := s.PruneState(cmd.Context(), service, olderThan)
+			n, err := s.PruneState(cmd.Context(), service, olderThan, dedup.WithBatchSize(batch), dedup.WithProgress(pr.step))
+			pr.done()
 			if err != nil {
-				return err
+				return fmt.Errorf("prune stopped after deleting %d identities: %w", n, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "pruned %d identities not changed for %s\n", n, olderThan)
 			return nil
@@ -165,15 +275,21 @@ longer matters.`,
 	}
 	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "minimum age since the last change (e.g. 720h)")
 	cmd.Flags().StringVar(&service, "service", "", "only this service (default: all)")
+	cmd.Flags().IntVar(&batch, "batch", 10000, "rows walked per statement")
+	addProgressFlag(cmd)
 	return cmd
 }
 
 func newStateStatsCmd() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Count stored identities per service",
 		Args:  argsUsage(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := outputJSON(cmd)
+			if err != nil {
+				return err
+			}
 			s, err := openStore(cmd)
 			if err != nil {
 				return err
@@ -182,6 +298,13 @@ func newStateStatsCmd() *cobra.Command {
 			stats, err := s.Stats(cmd.Context())
 			if err != nil {
 				return err
+			}
+			if asJSON {
+				out := make([]statsJSON, len(stats))
+				for i, st := range stats {
+					out[i] = statsJSON{Service: st.Service, Rows: st.Rows, Oldest: st.Oldest.UTC(), Newest: st.Newest.UTC()}
+				}
+				return writeJSON(cmd.OutOrStdout(), out)
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "SERVICE\tROWS\tOLDEST\tNEWEST")
@@ -192,4 +315,14 @@ func newStateStatsCmd() *cobra.Command {
 			return w.Flush()
 		},
 	}
+	addOutputFlag(cmd)
+	return cmd
+}
+
+// statsJSON is one service of state stats' JSON output.
+type statsJSON struct {
+	Service string    `json:"service"`
+	Rows    int64     `json:"rows"`
+	Oldest  time.Time `json:"oldest"` // earliest updated_at
+	Newest  time.Time `json:"newest"` // latest updated_at
 }

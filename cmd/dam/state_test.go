@@ -2,8 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/dedup"
@@ -50,7 +56,10 @@ func TestStateGetResetRoundTrip(t *testing.T) {
 	if dec, _ := s.Check(context.Background(), "customer-2", []byte{0xff, 0x00}, d); dec != dedup.Forward {
 		t.Fatalf("after reset: %v, want forward", dec)
 	}
-	code, out, errOut = runDam(t, "state", "reset", "--dsn", dsn, "--all", "customer-2")
+	if code, _, errOut = runDam(t, "state", "reset", "--dsn", dsn, "--all", "customer-2"); code != 2 || !strings.Contains(errOut, "--yes") {
+		t.Fatalf("reset --all without --yes: %d %q", code, errOut)
+	}
+	code, out, errOut = runDam(t, "state", "reset", "--dsn", dsn, "--all", "--yes", "customer-2")
 	if code != 0 || !strings.Contains(out, "reset 3 ") {
 		t.Fatalf("reset --all: %d %q %q", code, out, errOut)
 	}
@@ -60,5 +69,202 @@ func TestStateGetResetRoundTrip(t *testing.T) {
 	}
 	if code, _, _ = runDam(t, "state", "prune", "--dsn", dsn); code != 2 {
 		t.Fatalf("prune without --older-than: %d", code)
+	}
+}
+
+// fill stores n identities "e-0".. of service through Check.
+func fill(t *testing.T, s *dedup.Store, service string, n int) {
+	t.Helper()
+	_, err := s.Pool().Exec(context.Background(), `INSERT INTO state (service, entity, digest)
+		SELECT $1, convert_to('e-' || i, 'UTF8'), '\x01'::bytea FROM generate_series(0, $2 - 1) i`, service, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStateJSON(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	s, err := dedup.Open(context.Background(), dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	d := canon.Digest{byte(canon.SchemeJSON1), 0xab}
+	if _, err := s.Check(context.Background(), "svc", []byte{0xff}, d); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runDam(t, "state", "get", "--dsn", dsn, "--hex", "-o", "json", "svc", "ff")
+	var st struct {
+		Service, Entity, Digest string
+		EntityHex               string    `json:"entity_hex"`
+		UpdatedAt               time.Time `json:"updated_at"`
+		Source                  *struct{}
+	}
+	if err := json.Unmarshal([]byte(out), &st); code != 0 || err != nil {
+		t.Fatalf("get -o json: %d %v %q %q", code, err, out, errOut)
+	}
+	if st.Service != "svc" || st.Entity != "hex:ff" || st.EntityHex != "ff" || st.Digest != d.String() || st.UpdatedAt.IsZero() || st.Source != nil {
+		t.Fatalf("get -o json: %+v", st)
+	}
+	code, out, _ = runDam(t, "state", "stats", "--dsn", dsn, "-o", "json")
+	var stats []struct {
+		Service        string
+		Rows           int64
+		Oldest, Newest time.Time
+	}
+	if err := json.Unmarshal([]byte(out), &stats); code != 0 || err != nil || len(stats) != 1 || stats[0].Rows != 1 || stats[0].Oldest.IsZero() {
+		t.Fatalf("stats -o json: %d %v %q", code, err, out)
+	}
+	if code, _, errOut := runDam(t, "state", "stats", "--dsn", dsn, "-o", "xml"); code != 2 || !strings.Contains(errOut, "want text or json") {
+		t.Fatalf("-o xml: %d %q", code, errOut)
+	}
+}
+
+// reset --entities-from reads one entity per line (hex with --hex),
+// reports bad lines by number, and runs in batches with progress lines.
+func TestStateResetEntitiesFrom(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	s, err := dedup.Open(context.Background(), dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fill(t, s, "svc", 100)
+	dir := t.TempDir()
+	var lines []string
+	for i := 0; i < 60; i++ {
+		lines = append(lines, fmt.Sprintf("e-%d", i))
+	}
+	list := filepath.Join(dir, "list")
+	if err := os.WriteFile(list, []byte(strings.Join(lines, "\r\n")+"\n\nnot-stored\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runDam(t, "state", "reset", "--dsn", dsn, "--entities-from", list, "--batch", "25", "--progress", "lines", "svc", "e-99")
+	if code != 0 || !strings.Contains(out, "reset 61 identities of service svc") {
+		t.Fatalf("reset --entities-from: %d %q %q", code, out, errOut)
+	}
+	// Lines: the first batch, then the last (the batches are quicker than a
+	// second apart).
+	if errOut != "reset: 25/62 identities (40%), 25 deleted\nreset: 62/62 identities (100%), 61 deleted\n" {
+		t.Fatalf("progress lines: %q", errOut)
+	}
+	if n, _ := s.Count(context.Background(), "svc"); n != 39 {
+		t.Fatalf("%d identities left, want 39", n)
+	}
+	hexList := filepath.Join(dir, "hex")
+	if err := os.WriteFile(hexList, []byte("652d3630\n652d3631\nxyz\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := runDam(t, "state", "reset", "--dsn", dsn, "--hex", "--entities-from", hexList, "svc"); code != 2 || !strings.Contains(errOut, hexList+":3: entity \"xyz\": not hex") {
+		t.Fatalf("bad hex line: %d %q", code, errOut)
+	}
+	if err := os.WriteFile(hexList, []byte("652d3630\n652d3631\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = runDamStdin(t, "652d3630\n652d3631\n", "state", "reset", "--dsn", dsn, "--hex", "--entities-from", "-", "--progress", "none", "svc")
+	if code != 0 || !strings.Contains(out, "reset 2 ") {
+		t.Fatalf("reset --hex --entities-from -: %d %q", code, out)
+	}
+	if code, _, errOut := runDam(t, "state", "reset", "--dsn", dsn, "--entities-from", filepath.Join(dir, "missing"), "svc"); code != 2 || !strings.Contains(errOut, "no such file") {
+		t.Fatalf("missing file: %d %q", code, errOut)
+	}
+	if code, _, errOut := runDam(t, "state", "reset", "--dsn", dsn, "--all", "--yes", "--entities-from", list, "svc"); code != 2 || !strings.Contains(errOut, "excludes") {
+		t.Fatalf("--all with a list: %d %q", code, errOut)
+	}
+}
+
+var barLine = regexp.MustCompile(`^\rreset \[#*\.*\] \d+/250 identities \(\d+%\), \d+ deleted$`)
+
+// reset --all --yes walks the service in batches; on a terminal the
+// progress is a bar redrawn in place.
+func TestStateResetAllProgressBar(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	s, err := dedup.Open(context.Background(), dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fill(t, s, "svc", 250)
+	fill(t, s, "other", 3)
+	code, out, errOut := runDam(t, "state", "reset", "--dsn", dsn, "--all", "--yes", "--batch", "100", "--progress", "bar", "svc")
+	if code != 0 || !strings.Contains(out, "reset 250 identities of service svc") {
+		t.Fatalf("reset --all: %d %q %q", code, out, errOut)
+	}
+	if !strings.HasSuffix(errOut, "\n") || strings.Count(errOut, "\n") != 1 {
+		t.Fatalf("bar: want redraws on one line, got %q", errOut)
+	}
+	draws := strings.SplitAfter(strings.TrimSuffix(errOut, "\n"), "deleted")
+	if len(draws) != 4 || draws[3] != "" {
+		t.Fatalf("bar: want 3 draws, got %q", errOut)
+	}
+	for _, d := range draws[:3] {
+		if !barLine.MatchString(d) {
+			t.Fatalf("bar draw %q", d)
+		}
+	}
+	if !strings.Contains(draws[2], "[##############################] 250/250 identities (100%)") {
+		t.Fatalf("last draw %q", draws[2])
+	}
+	if n, _ := s.Count(context.Background(), "other"); n != 3 {
+		t.Fatalf("other service: %d rows", n)
+	}
+}
+
+func TestStatePruneProgress(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	s, err := dedup.Open(context.Background(), dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fill(t, s, "svc", 30)
+	if _, err := s.Pool().Exec(context.Background(), `UPDATE state SET updated_at = now() - interval '2 hours' WHERE entity < 'e-2'`); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runDam(t, "state", "prune", "--dsn", dsn, "--service", "svc", "--older-than", "1h", "--batch", "10", "--progress", "lines")
+	if code != 0 || !strings.Contains(out, "pruned 12 identities") {
+		t.Fatalf("prune: %d %q %q", code, out, errOut)
+	}
+	if errOut != "prune: 10/30 rows walked (33%), 10 deleted\nprune: 30/30 rows walked (100%), 12 deleted\n" {
+		t.Fatalf("progress lines: %q", errOut)
+	}
+	if code, _, errOut := runDam(t, "state", "prune", "--dsn", dsn, "--older-than", "1h", "--progress", "fancy"); code != 2 || !strings.Contains(errOut, "want auto, bar, lines or none") {
+		t.Fatalf("--progress fancy: %d %q", code, errOut)
+	}
+	// auto: stderr here is not a terminal, so plain lines.
+	code, _, errOut = runDam(t, "state", "prune", "--dsn", dsn, "--older-than", "1h")
+	if code != 0 || !strings.HasPrefix(errOut, "prune: ") || strings.Contains(errOut, "\r") {
+		t.Fatalf("auto progress off a terminal: %d %q", code, errOut)
+	}
+}
+
+func TestIsTerminal(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if isTerminal(w) || isTerminal(&strings.Builder{}) {
+		t.Fatal("a pipe or a buffer is not a terminal")
+	}
+	if f, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		defer f.Close()
+		if !isTerminal(f) {
+			t.Fatal("/dev/tty is a terminal")
+		}
+	}
+}
+
+// An unreachable database is named and fails with status 1.
+func TestStateUnreachable(t *testing.T) {
+	t.Parallel()
+	code, _, errOut := runDam(t, "state", "get", "--dsn", "postgres://dam:secret@127.0.0.1:1/x?connect_timeout=2", "svc", "e")
+	if code != 1 || !strings.Contains(errOut, "store unavailable") || strings.Contains(errOut, "secret") {
+		t.Fatalf("unreachable: %d %q", code, errOut)
 	}
 }

@@ -4,7 +4,9 @@
 //   - canon: BenchmarkSum (canon vs the naive decode/re-marshal hash and vs a
 //     plain SHA-256 of the bytes), medians over -count runs;
 //   - dedup: BenchmarkDecide (batched Decide vs the per-record CAS), medians;
-//   - end to end: the internal/e2ebench program (passthrough, naive, dam).
+//   - end to end: the internal/e2ebench program (passthrough, naive, dam);
+//   - dam serve: the internal/servebench program (open-loop load at rising
+//     request rates; the highest rate held with p99 under 250 ms).
 //
 // The raw `go test` output is streamed to stderr; the tables go to stdout.
 // A missed target is printed as MISS; the exit status is non-zero only when
@@ -32,6 +34,8 @@ func main() {
 	skipE2E := flag.Bool("skip-e2e", false, "do not run the end-to-end benchmark")
 	dedupTime := flag.String("dedup-benchtime", "1x", "-benchtime of the dedup benchmarks")
 	e2eArgs := flag.String("e2e-args", "", "extra flags for internal/e2ebench (space separated)")
+	skipServe := flag.Bool("skip-serve", false, "do not run the dam serve benchmark")
+	serveArgs := flag.String("serve-args", "", "extra flags for internal/servebench (space separated)")
 	flag.Parse()
 
 	start := time.Now()
@@ -63,8 +67,15 @@ func main() {
 
 	if !*skipE2E {
 		fmt.Printf("\n== end to end (internal/e2ebench)\n")
-		if err := runE2E(strings.Fields(*e2eArgs)); err != nil {
+		if err := runProgram("e2ebench", strings.Fields(*e2eArgs)); err != nil {
 			fmt.Fprintf(os.Stderr, "benchreport: e2ebench: %v\n", err)
+			failed = true
+		}
+	}
+	if !*skipServe {
+		fmt.Printf("\n== dam serve (internal/servebench)\n")
+		if err := runProgram("servebench", strings.Fields(*serveArgs)); err != nil {
+			fmt.Fprintf(os.Stderr, "benchreport: servebench: %v\n", err)
 			failed = true
 		}
 	}
@@ -89,16 +100,16 @@ func goBench(pkg string, args ...string) ([]byte, error) {
 	return buf.Bytes(), err
 }
 
-// runE2E builds and runs internal/e2ebench: its table goes to stdout, its
+// runProgram builds and runs internal/NAME: its table goes to stdout, its
 // progress to stderr.
-func runE2E(extra []string) error {
+func runProgram(name string, extra []string) error {
 	dir, err := os.MkdirTemp("", "benchreport-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	bin := dir + "/e2ebench"
-	build := exec.Command("go", "build", "-o", bin, "./internal/e2ebench")
+	bin := dir + "/" + name
+	build := exec.Command("go", "build", "-o", bin, "./internal/"+name)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		return fmt.Errorf("build: %w", err)

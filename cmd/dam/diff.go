@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/dam-dedup/dam/canon"
+)
+
+// difference is the first structural difference between two values: a
+// JSON pointer and both sides, as compact JSON ("(absent)" for a member or
+// element only one side has).
+type difference struct {
+	Path string `json:"path"`
+	Old  string `json:"old"`
+	New  string `json:"new"`
+}
+
+func (d difference) String() string {
+	path := d.Path
+	if path == "" {
+		path = "(the whole value)"
+	}
+	return fmt.Sprintf("%s: %s -> %s", path, d.Old, d.New)
+}
+
+// absent marks a side that has no value at the path.
+const absent = "(absent)"
+
+// maxShown bounds a value shown in a difference.
+const maxShown = 120
+
+// firstDifference compares old and new as h hashes them: the canonical
+// forms of their trees (members sorted by name, ignored values left out),
+// walked in that order; for format bytes, the first differing byte. It
+// returns false when the values are equal to h.
+func firstDifference(h *canon.Hasher, oldValue, newValue []byte) (difference, bool, error) {
+	if oldValue == nil || newValue == nil {
+		if oldValue == nil && newValue == nil {
+			return difference{}, false, nil
+		}
+		return difference{Old: showRaw(oldValue, h), New: showRaw(newValue, h)}, true, nil
+	}
+	if h.Format() == canon.FormatBytes {
+		return bytesDifference(oldValue, newValue)
+	}
+	ot, err := canonicalTree(h, oldValue)
+	if err != nil {
+		return difference{}, false, fmt.Errorf("stored content: %w", err)
+	}
+	nt, err := canonicalTree(h, newValue)
+	if err != nil {
+		return difference{}, false, fmt.Errorf("new content: %w", err)
+	}
+	d, ok := treeDifference("", ot, nt)
+	return d, ok, nil
+}
+
+// canonicalTree parses the canonical form of value: numbers keep their
+// literal text (json.Number), as the hash does.
+func canonicalTree(h *canon.Hasher, value []byte) (any, error) {
+	text, err := h.AppendCanonical(nil, value)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(text))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("canonical form: %w", err)
+	}
+	return v, nil
+}
+
+// treeDifference walks two decoded trees in canonical order.
+func treeDifference(path string, a, b any) (difference, bool) {
+	switch av := a.(type) {
+	case map[string]any:
+		bv, ok := b.(map[string]any)
+		if !ok {
+			break
+		}
+		names := make([]string, 0, len(av)+len(bv))
+		for n := range av {
+			names = append(names, n)
+		}
+		for n := range bv {
+			if _, dup := av[n]; !dup {
+				names = append(names, n)
+			}
+		}
+		slices.Sort(names) // byte order: the canonical order of members
+		for _, n := range names {
+			p := path + "/" + escapePointer(n)
+			x, inA := av[n]
+			y, inB := bv[n]
+			switch {
+			case !inA:
+				return difference{Path: p, Old: absent, New: show(y)}, true
+			case !inB:
+				return difference{Path: p, Old: show(x), New: absent}, true
+			}
+			if d, ok := treeDifference(p, x, y); ok {
+				return d, true
+			}
+		}
+		return difference{}, false
+	case []any:
+		bv, ok := b.([]any)
+		if !ok {
+			break
+		}
+		for i := range max(len(av), len(bv)) {
+			p := fmt.Sprintf("%s/%d", path, i)
+			switch {
+			case i >= len(av):
+				return difference{Path: p, Old: absent, New: show(bv[i])}, true
+			case i >= len(bv):
+				return difference{Path: p, Old: show(av[i]), New: absent}, true
+			}
+			if d, ok := treeDifference(p, av[i], bv[i]); ok {
+				return d, true
+			}
+		}
+		return difference{}, false
+	default:
+		if fmt.Sprintf("%T", a) == fmt.Sprintf("%T", b) && a == b {
+			return difference{}, false
+		}
+	}
+	return difference{Path: path, Old: show(a), New: show(b)}, true
+}
+
+// escapePointer escapes a member name as an RFC 6901 reference token.
+func escapePointer(s string) string {
+	return strings.NewReplacer("~", "~0", "/", "~1").Replace(s)
+}
+
+// show renders a decoded value as compact JSON, shortened.
+func show(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return shorten(string(b))
+}
+
+func shorten(s string) string {
+	if len(s) <= maxShown {
+		return s
+	}
+	cut := maxShown
+	for cut > 0 && !isRuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("... (%d bytes)", len(s))
+}
+
+func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
+
+// showRaw renders a record value: "(tombstone)" for nil, text or hex.
+func showRaw(v []byte, h *canon.Hasher) string {
+	if v == nil {
+		return "(tombstone)"
+	}
+	if h.Format() == canon.FormatBytes {
+		return "hex:" + shorten(hex.EncodeToString(v))
+	}
+	return shorten(string(v))
+}
+
+// bytesDifference reports the first differing byte of two raw values.
+func bytesDifference(a, b []byte) (difference, bool, error) {
+	if bytes.Equal(a, b) {
+		return difference{}, false, nil
+	}
+	i := 0
+	for i < len(a) && i < len(b) && a[i] == b[i] {
+		i++
+	}
+	at := func(v []byte) string {
+		if i >= len(v) {
+			return fmt.Sprintf("(ends at byte %d)", len(v))
+		}
+		return "hex:" + hex.EncodeToString(v[i:min(len(v), i+16)])
+	}
+	return difference{Path: fmt.Sprintf("byte %d", i), Old: at(a), New: at(b)}, true, nil
+}

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/dam-dedup/dam/config"
+)
+
+// kafkaReader reads input records for dam explain: bounds, the group's
+// committed offset, single records and ranges, read_committed like the
+// sidecar.
+type kafkaReader struct {
+	opts  []kgo.Opt
+	admin *kadm.Client
+	cl    *kgo.Client
+}
+
+// newKafkaReader connects (lazily) to the configuration's brokers with its
+// TLS and SASL settings.
+//
+// The TLS and SASL options repeat pipeline's unexported tlsOption and
+// saslOption; an exported pipeline.ClientOptions would let both share them.
+func newKafkaReader(k config.Kafka) (*kafkaReader, error) {
+	opts := []kgo.Opt{kgo.SeedBrokers(k.Brokers...), kgo.ClientID(k.ClientID + "-explain")}
+	if k.TLS.Enabled {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: k.TLS.InsecureSkipVerify} //nolint:gosec // operator's explicit choice
+		if k.TLS.CAFile != "" {
+			pem, err := os.ReadFile(k.TLS.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("kafka.tls.ca_file: %s holds no PEM certificate", k.TLS.CAFile)
+			}
+			tc.RootCAs = pool
+		}
+		if k.TLS.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(k.TLS.CertFile, k.TLS.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("kafka.tls.cert_file/key_file: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	switch k.SASL.Mechanism {
+	case "PLAIN":
+		opts = append(opts, kgo.SASL(plain.Auth{User: k.SASL.Username, Pass: k.SASL.Password}.AsMechanism()))
+	case "SCRAM-SHA-256":
+		opts = append(opts, kgo.SASL(scram.Auth{User: k.SASL.Username, Pass: k.SASL.Password}.AsSha256Mechanism()))
+	case "SCRAM-SHA-512":
+		opts = append(opts, kgo.SASL(scram.Auth{User: k.SASL.Username, Pass: k.SASL.Password}.AsSha512Mechanism()))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	return &kafkaReader{opts: opts, admin: kadm.NewClient(cl), cl: cl}, nil
+}
+
+func (r *kafkaReader) Close() { r.cl.Close() }
+
+// bounds are a partition's readable offsets and the group's position.
+type bounds struct {
+	Start int64 // the log start offset
+	End   int64 // the last stable offset: read_committed reads below it
+	// Committed is the group's committed offset C, -1 when it has none.
+	Committed int64
+}
+
+// bounds returns the partition's bounds and group's committed offset.
+func (r *kafkaReader) bounds(ctx context.Context, group, topic string, part int32) (bounds, error) {
+	b := bounds{Committed: -1}
+	starts, err := r.admin.ListStartOffsets(ctx, topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return b, fmt.Errorf("kafka: listing the start offsets of %s: %w", topic, err)
+	}
+	s, ok := starts.Lookup(topic, part)
+	if !ok {
+		return b, fmt.Errorf("kafka: topic %s has no partition %d", topic, part)
+	}
+	ends, err := r.admin.ListCommittedOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return b, fmt.Errorf("kafka: listing the end offsets of %s: %w", topic, err)
+	}
+	e, _ := ends.Lookup(topic, part)
+	b.Start, b.End = s.Offset, e.Offset
+	if group != "" {
+		offs, err := r.admin.FetchOffsets(kadm.RequireStable(ctx), group)
+		if errors.Is(err, kerr.GroupIDNotFound) {
+			return b, nil // the group never committed
+		}
+		if err != nil {
+			return b, fmt.Errorf("kafka: fetching the committed offsets of group %s: %w", group, err)
+		}
+		if o, ok := offs.Lookup(topic, part); ok && o.Err == nil && o.At >= 0 {
+			b.Committed = o.At
+		}
+	}
+	return b, nil
+}
+
+// errUnreadable: the record cannot be read from Kafka any more (or yet).
+var errUnreadable = errors.New("not readable")
+
+// readRange returns the committed records of topic/part with offsets in
+// [from, to], in offset order (offsets of aborted or compacted records are
+// missing). b are the partition's bounds.
+func (r *kafkaReader) readRange(ctx context.Context, topic string, part int32, from, to int64, b bounds) ([]*kgo.Record, error) {
+	if to < b.Start {
+		return nil, fmt.Errorf("%s/%d@%d: %w: below the log start offset %d (retention or deletion)", topic, part, to, errUnreadable, b.Start)
+	}
+	if to >= b.End {
+		return nil, fmt.Errorf("%s/%d@%d: %w: at or beyond the end of the partition (%d)", topic, part, to, errUnreadable, b.End)
+	}
+	from = max(from, b.Start)
+	cl, err := kgo.NewClient(append(r.opts[:len(r.opts):len(r.opts)],
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {part: kgo.NewOffset().At(from)}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	last := from - 1 // the highest offset seen
+	for last < to {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("kafka: reading %s/%d [%d, %d]: %w", topic, part, from, to, err)
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return nil, fmt.Errorf("kafka: reading %s/%d: %w", topic, part, ferr)
+		}
+		progressed := false
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			for _, rec := range p.Records {
+				if rec.Offset > last {
+					last, progressed = rec.Offset, true
+				}
+				if rec.Offset >= from && rec.Offset <= to {
+					out = append(out, rec)
+				}
+			}
+			// Aborted records and control batches leave no record: the
+			// partition is read up to its stable end.
+			if p.LastStableOffset > 0 && p.LastStableOffset-1 >= to && len(p.Records) == 0 {
+				last = max(last, p.LastStableOffset-1)
+			}
+		})
+		if !progressed && last < to && last+1 >= b.End {
+			break
+		}
+	}
+	return out, nil
+}
+
+// readOne returns the record at offset, or an error wrapping errUnreadable
+// saying why it cannot be read.
+func (r *kafkaReader) readOne(ctx context.Context, topic string, part int32, offset int64, b bounds) (*kgo.Record, error) {
+	recs, err := r.readRange(ctx, topic, part, offset, offset, b)
+	if err != nil {
+		return nil, err
+	}
+	if len(recs) == 0 || recs[0].Offset != offset {
+		return nil, fmt.Errorf("%s/%d@%d: %w: no committed record at this offset (compacted, aborted or a transaction marker)", topic, part, offset, errUnreadable)
+	}
+	return recs[0], nil
+}

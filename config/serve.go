@@ -1,0 +1,187 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"slices"
+	"time"
+)
+
+// Serve configures `dam serve`, the synchronous check service: an HTTP API
+// that decides (service, entity, payload) on the same store and with the
+// same semantics as the sidecar. Only `dam serve` reads it.
+type Serve struct {
+	// Listen is the listen address of the API and of its own /metrics,
+	// /healthz and /readyz. Default ":8080".
+	Listen string `koanf:"listen"`
+	// Token is a bearer token allowed every service. A secret: redacted
+	// when printed; set it with DAM_SERVE_TOKEN rather than in the file.
+	// Default "" (none).
+	Token string `koanf:"token"`
+	// Tokens are bearer tokens, each allowed a list of services. Not
+	// settable from the environment. Default none. `dam serve` needs at
+	// least one token here or in Token.
+	Tokens []ServeToken `koanf:"tokens"`
+	// MaxBodyBytes bounds a request body; a larger one gets 413. Default
+	// 4194304 (4 MiB).
+	MaxBodyBytes int `koanf:"max_body_bytes"`
+	// MaxBatch bounds the checks of one /v1/check:batch request. Default
+	// 500.
+	MaxBatch int `koanf:"max_batch"`
+	// RequestTimeout bounds the store work of one request; past it the
+	// answer is 503 with Retry-After, never a guess. Default 5s.
+	RequestTimeout time.Duration `koanf:"request_timeout"`
+	// ShutdownGrace bounds the time to finish the requests in flight on
+	// SIGTERM. Default 10s.
+	ShutdownGrace time.Duration `koanf:"shutdown_grace"`
+}
+
+// ServeToken is one bearer token of `dam serve` and the services it may
+// check, read and reset. Exactly one of Token and TokenFile is set.
+type ServeToken struct {
+	// Token is the token itself. A secret: redacted when printed; prefer
+	// TokenFile.
+	Token string `koanf:"token"`
+	// TokenFile is a file holding the token (one trailing newline is
+	// removed), e.g. a mounted Kubernetes secret. Read when `dam serve`
+	// starts.
+	TokenFile string `koanf:"token_file"`
+	// Services are the services the token is allowed; "*" allows every
+	// service. Required.
+	Services []string `koanf:"services"`
+}
+
+// MinTokenLength is the minimum length of a serve token: a short token is
+// guessable.
+const MinTokenLength = 16
+
+// AnyService in ServeToken.Services allows every service.
+const AnyService = "*"
+
+// DefaultServe returns the serve defaults.
+func DefaultServe() Serve {
+	return Serve{
+		Listen:         ":8080",
+		MaxBodyBytes:   4 << 20,
+		MaxBatch:       500,
+		RequestTimeout: 5 * time.Second,
+		ShutdownGrace:  10 * time.Second,
+	}
+}
+
+// validateServe checks the serve section. Token files are not read here
+// (see Serve.ResolveTokens); tokens are never quoted in errors.
+func (c *Config) validateServe(v *validator) {
+	s := &c.Serve
+	if s.Listen != "" {
+		if _, _, err := net.SplitHostPort(s.Listen); err != nil {
+			v.addf("serve.listen", "invalid address %q: want host:port or :port", s.Listen)
+		}
+	}
+	if s.Token != "" && len(s.Token) < MinTokenLength {
+		v.addf("serve.token", "too short: at least %d characters", MinTokenLength)
+	}
+	for i, t := range s.Tokens {
+		key := func(name string) string { return fmt.Sprintf("serve.tokens[%d].%s", i, name) }
+		switch {
+		case t.Token == "" && t.TokenFile == "":
+			v.addf(fmt.Sprintf("serve.tokens[%d]", i), "set token or token_file")
+		case t.Token != "" && t.TokenFile != "":
+			v.addf(key("token_file"), "set with token: give one of them")
+		case t.Token != "" && len(t.Token) < MinTokenLength:
+			v.addf(key("token"), "too short: at least %d characters", MinTokenLength)
+		}
+		v.required(key("services"), len(t.Services) == 0)
+		for j, svc := range t.Services {
+			if svc == "" {
+				v.addf(fmt.Sprintf("serve.tokens[%d].services[%d]", i, j), "empty service name")
+			}
+		}
+	}
+	if s.MaxBodyBytes <= 0 {
+		v.addf("serve.max_body_bytes", "must be positive, got %d", s.MaxBodyBytes)
+	}
+	if s.MaxBatch <= 0 {
+		v.addf("serve.max_batch", "must be positive, got %d", s.MaxBatch)
+	}
+	v.positive("serve.request_timeout", s.RequestTimeout)
+	v.positive("serve.shutdown_grace", s.ShutdownGrace)
+}
+
+// validateForServe adds what only `dam serve` requires: an address and a
+// token.
+func (c *Config) validateForServe(v *validator) {
+	if c.Serve.Listen == "" {
+		v.addf("serve.listen", "required: the API needs an address")
+	}
+	if c.Serve.Token == "" && len(c.Serve.Tokens) == 0 {
+		v.addf("serve.tokens", "required: at least one token (or set %sSERVE_TOKEN)", EnvPrefix)
+	}
+}
+
+// LoadServe is Load for `dam serve`: Kafka and routes are optional (a
+// route only lends its hashing options to its service), and at least one
+// token is required.
+func LoadServe(path string, environ []string) (Config, error) {
+	return load(path, environ, true)
+}
+
+// servesWithout reports a problem that does not concern `dam serve`: the
+// Kafka connection or the routes are missing.
+func servesWithout(e *Error) bool {
+	switch e.Key {
+	case "kafka.brokers", "kafka.group":
+		return errors.Is(e.Err, ErrRequired)
+	case "routes":
+		return true // only "at least one route is required" is reported on the bare key
+	}
+	return false
+}
+
+// ResolveTokens returns every token of s with the services it allows:
+// Token (every service) and each entry of Tokens, reading token files. An
+// error names the key of the file that cannot be used.
+func (s Serve) ResolveTokens() ([]ResolvedToken, error) {
+	var out []ResolvedToken
+	if s.Token != "" {
+		out = append(out, ResolvedToken{Token: s.Token, Services: []string{AnyService}, Key: "serve.token"})
+	}
+	for i, t := range s.Tokens {
+		key := fmt.Sprintf("serve.tokens[%d]", i)
+		tok := t.Token
+		if t.TokenFile != "" {
+			key += ".token_file"
+			b, err := os.ReadFile(t.TokenFile)
+			if err != nil {
+				var pe *fs.PathError
+				if errors.As(err, &pe) {
+					err = pe.Err
+				}
+				return nil, &Error{Key: key, Err: fmt.Errorf("%s: %w", t.TokenFile, err)}
+			}
+			b = bytes.TrimSuffix(b, []byte("\n"))
+			b = bytes.TrimSuffix(b, []byte("\r"))
+			if len(b) < MinTokenLength {
+				return nil, &Error{Key: key, Err: fmt.Errorf("%s: token too short: at least %d characters", t.TokenFile, MinTokenLength)}
+			}
+			tok = string(b)
+		} else {
+			key += ".token"
+		}
+		out = append(out, ResolvedToken{Token: tok, Services: slices.Clone(t.Services), Key: key})
+	}
+	return out, nil
+}
+
+// ResolvedToken is a token ready to compare: its text, the services it
+// allows ("*" for all) and the key it came from (for logs, never the
+// token).
+type ResolvedToken struct {
+	Token    string
+	Services []string
+	Key      string
+}

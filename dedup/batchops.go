@@ -1,0 +1,183 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Step reports the progress of a batched state operation (ResetService,
+// ResetEntities, PruneState) after each of its batches.
+type Step struct {
+	// Done counts the rows walked (prune, reset of a service) or the
+	// entities given (reset of entities) processed so far.
+	Done int64
+	// Total is Done's expected final value: exact for a reset, the
+	// service's row count or the planner's estimate of the table's rows for
+	// a prune; -1 when unknown. Done may pass an estimate.
+	Total int64
+	// Deleted counts the identities deleted so far.
+	Deleted int64
+}
+
+// OpOption tunes a batched state operation.
+type OpOption func(*opOptions)
+
+type opOptions struct {
+	batch    int
+	progress func(Step)
+}
+
+// WithBatchSize sets the rows deleted (or walked, for a prune) per
+// transaction. Default 5000 for resets and 10000 for prunes: each batch is
+// one short statement, so no lock is held for long.
+func WithBatchSize(n int) OpOption { return func(o *opOptions) { o.batch = n } }
+
+// WithProgress calls fn after every batch, from the calling goroutine.
+func WithProgress(fn func(Step)) OpOption { return func(o *opOptions) { o.progress = fn } }
+
+func newOpOptions(def int, opts []OpOption) opOptions {
+	o := opOptions{batch: def, progress: func(Step) {}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.batch <= 0 {
+		o.batch = def
+	}
+	if o.progress == nil {
+		o.progress = func(Step) {}
+	}
+	return o
+}
+
+// resetBatch is the default number of identities one reset statement
+// deletes.
+const resetBatch = 5000
+
+// ResetEntities deletes the state of the given entities of service, in
+// batches of one short statement each, and returns how many identities it
+// removed (entities without state count for nothing). Their next records
+// are forwarded.
+func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]byte, opts ...OpOption) (int64, error) {
+	if service == "" {
+		return 0, fmt.Errorf("%w: empty service", ErrInvalid)
+	}
+	o := newOpOptions(resetBatch, opts)
+	var deleted int64
+	for lo := 0; lo < len(entities); lo += o.batch {
+		hi := min(lo+o.batch, len(entities))
+		chunk := make([][]byte, hi-lo)
+		for i, e := range entities[lo:hi] {
+			chunk[i] = nonNil(e)
+		}
+		n, err := s.exec(ctx, `DELETE FROM state WHERE service = $1 AND entity = ANY($2::bytea[])`, service, chunk)
+		if err != nil {
+			return deleted, classify("reset", err)
+		}
+		deleted += n
+		o.progress(Step{Done: int64(hi), Total: int64(len(entities)), Deleted: deleted})
+	}
+	return deleted, nil
+}
+
+// The steps of ResetService walk the service's part of the primary key in
+// chunks (keyset pagination from the last entity deleted), each chunk one
+// statement: locked, deleted, committed.
+const sqlResetChunk = `WITH chunk AS (
+		SELECT entity FROM state WHERE service = $1 AND entity %s $2 ORDER BY entity LIMIT $3 FOR UPDATE),
+	gone AS (
+		DELETE FROM state s USING chunk c WHERE s.service = $1 AND s.entity = c.entity RETURNING 1)
+	SELECT (SELECT count(*) FROM gone), entity FROM chunk ORDER BY entity DESC LIMIT 1`
+
+// ResetService deletes the state of every identity of service, in batches
+// of one short statement each (never one long transaction holding every
+// row's lock), and returns how many identities it removed. An identity
+// decided while the reset runs may keep its new state.
+func (s *Store) ResetService(ctx context.Context, service string, opts ...OpOption) (int64, error) {
+	if service == "" {
+		return 0, fmt.Errorf("%w: empty service", ErrInvalid)
+	}
+	o := newOpOptions(resetBatch, opts)
+	total, err := s.Count(ctx, service)
+	if err != nil {
+		return 0, err
+	}
+	var deleted int64
+	op, last := ">=", []byte{} // from the smallest key, the empty entity included
+	for {
+		var n int64
+		err := s.pool.QueryRow(ctx, fmt.Sprintf(sqlResetChunk, op), service, last, o.batch).Scan(&n, &last)
+		if errors.Is(err, pgx.ErrNoRows) { // past the last row
+			return deleted, nil
+		}
+		if err != nil {
+			return deleted, classify("reset", err)
+		}
+		deleted += n
+		o.progress(Step{Done: deleted, Total: max(total, deleted), Deleted: deleted})
+		op = ">"
+	}
+}
+
+// pruneTotal is the expected number of rows a prune walks: the service's
+// rows, or the planner's estimate for the whole table (-1 before the
+// first ANALYZE).
+func (s *Store) pruneTotal(ctx context.Context, service string) (int64, error) {
+	if service != "" {
+		return s.Count(ctx, service)
+	}
+	var n float64
+	err := s.pool.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE oid = 'state'::regclass`).Scan(&n)
+	if err != nil {
+		return 0, classify("prune state", err)
+	}
+	if n < 0 {
+		return -1, nil
+	}
+	return int64(n), nil
+}
+
+// PruneState deletes the state of identities (of service, or of every
+// service when service is "") whose digest has not changed for olderThan,
+// walking the primary key in batches of one short statement each
+// (default 10000 rows walked per batch), and returns how many it deleted.
+// The next record of a pruned identity is forwarded.
+func (s *Store) PruneState(ctx context.Context, service string, olderThan time.Duration, opts ...OpOption) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("%w: negative age %v", ErrInvalid, olderThan)
+	}
+	o := newOpOptions(pruneBatch, opts)
+	total, err := s.pruneTotal(ctx, service)
+	if err != nil {
+		return 0, err
+	}
+	first, next := pruneFirstService, pruneNextService
+	if service == "" {
+		first, next = pruneFirstAll, pruneNextAll
+	}
+	var deleted, walked int64
+	cond := first
+	lastService, lastEntity := service, []byte{}
+	for {
+		var n, chunk int64
+		err := s.pool.QueryRow(ctx, fmt.Sprintf(sqlPruneChunk, cond),
+			lastService, lastEntity, o.batch, olderThan.Seconds()).Scan(&n, &chunk, &lastService, &lastEntity)
+		if errors.Is(err, pgx.ErrNoRows) { // past the last row
+			return deleted, nil
+		}
+		if err != nil {
+			return deleted, classify("prune state", err)
+		}
+		deleted += n
+		walked += chunk
+		t := total
+		if t >= 0 {
+			t = max(t, walked)
+		}
+		o.progress(Step{Done: walked, Total: t, Deleted: deleted})
+		cond = next
+	}
+}

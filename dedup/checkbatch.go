@@ -1,0 +1,161 @@
+package dedup
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dam-dedup/dam/canon"
+)
+
+// CheckItem is one record to decide with CheckBatch: its identity and the
+// digest of its content.
+type CheckItem struct {
+	Service string
+	Entity  []byte
+	Digest  canon.Digest
+}
+
+// Batcher is the smallest interface CheckBatch needs: pgx.Tx, *pgx.Conn
+// and *pgxpool.Pool satisfy it.
+type Batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// sqlCheck is Check's compare-and-set.
+const sqlCheck = `INSERT INTO state AS s (service, entity, digest, updated_at) VALUES ($1, $2, $3, now())
+		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = now(),
+			src_topic = NULL, src_partition = NULL, src_offset = NULL
+		WHERE s.digest IS DISTINCT FROM EXCLUDED.digest
+		RETURNING 1`
+
+// CheckBatch decides items as if by Check, one after the other in their
+// order (an identity repeated in items compares against its previous
+// item), in one round trip and one transaction: outside a transaction the
+// batch runs in PostgreSQL's implicit transaction of a pipelined batch;
+// inside the caller's pgx.Tx the decisions hold only if it commits. It
+// appends one Decision per item, in item order, to out[:0].
+//
+// The statements run sorted by identity (stably, so the order of a
+// repeated identity is kept): concurrent batches lock rows in the same
+// order and do not deadlock each other. Errors are Check's; no decision is
+// returned with an error.
+func CheckBatch(ctx context.Context, db Batcher, items []CheckItem, out []Decision) ([]Decision, error) {
+	out = out[:0]
+	for i, it := range items {
+		if it.Service == "" {
+			return out, fmt.Errorf("%w: item %d: empty service", ErrInvalid, i)
+		}
+		if it.Digest.IsZero() {
+			return out, fmt.Errorf("%w: item %d: zero digest", ErrInvalid, i)
+		}
+	}
+	if len(items) == 0 {
+		return out, nil
+	}
+	order := make([]int, len(items))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		if c := strings.Compare(items[a].Service, items[b].Service); c != 0 {
+			return c
+		}
+		return bytes.Compare(items[a].Entity, items[b].Entity)
+	})
+	decided := make([]Decision, len(items))
+	b := &pgx.Batch{}
+	for _, i := range order {
+		it := &items[i]
+		b.Queue(sqlCheck, it.Service, nonNil(it.Entity), it.Digest[:]).QueryRow(func(row pgx.Row) error {
+			var one int
+			switch err := row.Scan(&one); {
+			case err == nil:
+				decided[i] = Forward
+			case errors.Is(err, pgx.ErrNoRows):
+				decided[i] = Duplicate
+			default:
+				return err
+			}
+			return nil
+		})
+	}
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return out, classify("check batch", err)
+	}
+	return append(out, decided...), nil
+}
+
+// CheckBatch is CheckBatch on the store's pool, in a transaction of its
+// own. When ctx has a deadline, the transaction's lock_timeout and
+// statement_timeout end shortly before it, so that PostgreSQL itself
+// aborts a check that would outlive its caller (waiting on a row lock, for
+// instance): the error then means that nothing was decided, and an unknown
+// outcome is left to a connection lost during the COMMIT. A deadlock with
+// a concurrent Decide (which locks in another order) rolls the batch back;
+// it then runs again.
+func (s *Store) CheckBatch(ctx context.Context, items []CheckItem, out []Decision) ([]Decision, error) {
+	var err error
+	for attempt := 1; ; attempt++ {
+		out, err = s.checkBatchTx(ctx, items, out)
+		if err == nil || !isRace(err) || attempt == maxDecideAttempts {
+			return out, err
+		}
+	}
+}
+
+// serverMargin is how much earlier than the caller's deadline PostgreSQL
+// gives up a check: time for its error to come back.
+const serverMargin = 100 * time.Millisecond
+
+func (s *Store) checkBatchTx(ctx context.Context, items []CheckItem, out []Decision) ([]Decision, error) {
+	out = out[:0]
+	if len(items) == 0 {
+		return out, nil
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return out, classify("check batch", err)
+	}
+	defer conn.Release()
+	tx := &txBatcher{conn: conn.Conn()}
+	tx.pre = append(tx.pre, "BEGIN ISOLATION LEVEL READ COMMITTED")
+	if deadline, ok := ctx.Deadline(); ok {
+		left := time.Until(deadline)
+		margin := min(serverMargin, left/4)
+		ms := (left - margin).Milliseconds()
+		if ms < 1 {
+			return out, fmt.Errorf("%w: check batch: %w", ErrUnavailable, context.DeadlineExceeded)
+		}
+		// SET LOCAL takes no parameters; ms is an integer.
+		tx.pre = append(tx.pre, fmt.Sprintf("SET LOCAL lock_timeout = %d", ms), fmt.Sprintf("SET LOCAL statement_timeout = %d", ms))
+	}
+	out, err = CheckBatch(ctx, tx, items, out)
+	if err != nil {
+		s.rollback(ctx, conn.Conn())
+	}
+	return out, err
+}
+
+// txBatcher wraps a CheckBatch's statements in a transaction of its own:
+// pre first, COMMIT last, one round trip.
+type txBatcher struct {
+	conn *pgx.Conn
+	pre  []string
+}
+
+func (t *txBatcher) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	all := &pgx.Batch{}
+	for _, sql := range t.pre {
+		all.Queue(sql)
+	}
+	all.QueuedQueries = append(all.QueuedQueries, b.QueuedQueries...)
+	all.Queue("COMMIT")
+	return t.conn.SendBatch(ctx, all)
+}

@@ -1,0 +1,418 @@
+package serve
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/dam-dedup/dam/canon"
+	"github.com/dam-dedup/dam/dedup"
+)
+
+// Error codes of the JSON error body.
+const (
+	codeBadJSON      = "bad_json"       // the body is not the JSON the endpoint expects
+	codeMissingField = "missing_field"  // a required field is absent
+	codeBadField     = "bad_field"      // a field has an invalid value (bad hex, two exclusive fields)
+	codeBadPayload   = "bad_payload"    // the payload does not hash: invalid JSON, too deep, too large
+	codeTooLarge     = "body_too_large" // the body exceeds serve.max_body_bytes
+	codeBatchTooLong = "batch_too_large"
+	codeUnauthorized = "unauthorized"
+	codeForbidden    = "forbidden"
+	codeNotFound     = "not_found"
+	codeUnavailable  = "unavailable" // the store: retry after Retry-After
+	codeInternal     = "internal"
+)
+
+// retryAfter is the Retry-After of a 503, in seconds.
+const retryAfter = "1"
+
+// errorBody is every error's JSON body.
+type errorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"code":"internal","message":"encoding the response failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	switch status {
+	case http.StatusUnauthorized:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="dam"`)
+	case http.StatusServiceUnavailable:
+		w.Header().Set("Retry-After", retryAfter)
+	}
+	writeJSON(w, status, errorBody{Code: code, Message: msg})
+}
+
+// apiError is an error answered with its status and code.
+type apiError struct {
+	status int
+	code   string
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(code, format string, args ...any) *apiError {
+	return &apiError{status: http.StatusBadRequest, code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// checkRequest is one check: an identity and a payload. Entity and
+// EntityHex, Payload and PayloadBase64 exclude each other.
+type checkRequest struct {
+	Service   *string `json:"service"`
+	Entity    *string `json:"entity"`
+	EntityHex *string `json:"entity_hex"`
+	// Payload is any JSON value, hashed from its exact bytes in the body.
+	Payload json.RawMessage `json:"payload"`
+	// PayloadBase64 is the payload's bytes, for values that are not JSON
+	// (format: bytes routes) or must be hashed byte for byte.
+	PayloadBase64 *string `json:"payload_base64"`
+}
+
+// checkResponse is the answer to one check.
+type checkResponse struct {
+	Decision string `json:"decision"`
+	Digest   string `json:"digest"`
+}
+
+// parse validates a check and hashes its payload. prefix names the check
+// in messages ("checks[3].").
+func (s *Server) parse(c *checkRequest, prefix string) (dedup.CheckItem, *apiError) {
+	if c.Service == nil || *c.Service == "" {
+		return dedup.CheckItem{}, badRequest(codeMissingField, "missing field %sservice", prefix)
+	}
+	var entity []byte
+	switch {
+	case c.Entity != nil && c.EntityHex != nil:
+		return dedup.CheckItem{}, badRequest(codeBadField, "%sentity and %sentity_hex exclude each other", prefix, prefix)
+	case c.Entity != nil:
+		entity = []byte(*c.Entity)
+	case c.EntityHex != nil:
+		b, err := hex.DecodeString(*c.EntityHex)
+		if err != nil {
+			return dedup.CheckItem{}, badRequest(codeBadField, "%sentity_hex: not hex: %v", prefix, err)
+		}
+		entity = b
+	default:
+		return dedup.CheckItem{}, badRequest(codeMissingField, "missing field %sentity (or %sentity_hex)", prefix, prefix)
+	}
+	var value []byte
+	switch {
+	case c.Payload != nil && c.PayloadBase64 != nil:
+		return dedup.CheckItem{}, badRequest(codeBadField, "%spayload and %spayload_base64 exclude each other", prefix, prefix)
+	case c.Payload != nil:
+		value = c.Payload
+	case c.PayloadBase64 != nil:
+		b, err := base64.StdEncoding.DecodeString(*c.PayloadBase64)
+		if err != nil {
+			return dedup.CheckItem{}, badRequest(codeBadField, "%spayload_base64: not base64: %v", prefix, err)
+		}
+		value = b
+	default:
+		return dedup.CheckItem{}, badRequest(codeMissingField, "missing field %spayload (or %spayload_base64)", prefix, prefix)
+	}
+	d, err := s.hasher(*c.Service).Sum(value)
+	if err != nil {
+		var ce *canon.Error
+		if errors.As(err, &ce) {
+			return dedup.CheckItem{}, badRequest(codeBadPayload, "%spayload: invalid JSON at byte %d: %s", prefix, ce.Offset, ce.Reason())
+		}
+		return dedup.CheckItem{}, badRequest(codeBadPayload, "%spayload: %v", prefix, err)
+	}
+	return dedup.CheckItem{Service: *c.Service, Entity: entity, Digest: d}, nil
+}
+
+// decode reads r's body as JSON into v, strictly (unknown fields are
+// errors), within serve.max_body_bytes.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError {
+	body := http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBodyBytes))
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		// Nothing but whitespace may follow the value.
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("data after the JSON value")
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return &apiError{status: http.StatusRequestEntityTooLarge, code: codeTooLarge,
+			msg: fmt.Sprintf("request body larger than %d bytes (serve.max_body_bytes)", s.cfg.MaxBodyBytes)}
+	}
+	if errors.Is(err, io.EOF) {
+		return badRequest(codeBadJSON, "empty body: want a JSON object")
+	}
+	return badRequest(codeBadJSON, "invalid request body: %v", err)
+}
+
+// requestContext bounds a request's store work by serve.request_timeout.
+func (s *Server) requestContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+}
+
+// storeError answers a failed store call: 503 with Retry-After when the
+// store is unavailable or the request ran out of time (no decision was
+// made, or its outcome is unknown: never a guess), 500 otherwise.
+func (s *Server) storeError(w http.ResponseWriter, op string, err error) {
+	s.metrics.storeErrors.Inc()
+	if isUnavailable(err) {
+		s.log.Warn("serve: store unavailable", zap.String("op", op), zap.Error(err))
+		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "store unavailable: no decision was made (or its outcome is unknown); retry")
+		return
+	}
+	s.log.Error("serve: store error", zap.String("op", op), zap.Error(err))
+	writeError(w, http.StatusInternalServerError, codeInternal, "store error")
+}
+
+// unauthorized answers a request without a valid token.
+func unauthorized(w http.ResponseWriter) {
+	writeError(w, http.StatusUnauthorized, codeUnauthorized, "missing or invalid bearer token")
+}
+
+// authorize checks that t allows every service, or answers 403.
+func authorize(w http.ResponseWriter, t *token, services ...string) bool {
+	for _, svc := range services {
+		if !t.allows(svc) {
+			writeError(w, http.StatusForbidden, codeForbidden, fmt.Sprintf("token not allowed service %q", svc))
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
+	// Authenticate before reading the body: no work for a stranger.
+	t := s.authenticate(r)
+	if t == nil {
+		unauthorized(w)
+		return
+	}
+	var req checkRequest
+	if e := s.decode(w, r, &req); e != nil {
+		writeError(w, e.status, e.code, e.msg)
+		return
+	}
+	if req.Service != nil && !authorize(w, t, *req.Service) {
+		return
+	}
+	c, e := s.parse(&req, "")
+	if e != nil {
+		writeError(w, e.status, e.code, e.msg)
+		return
+	}
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
+	var d dedup.Decision
+	var err error
+	if cb := s.combiner.Load(); cb != nil {
+		d, err = cb.check(ctx, c)
+	} else {
+		var out []dedup.Decision
+		if out, err = s.store.CheckBatch(ctx, []dedup.CheckItem{c}, nil); err == nil {
+			d = out[0]
+		}
+	}
+	if err != nil {
+		s.storeError(w, "check", err)
+		return
+	}
+	s.metrics.decision(c.Service, d)
+	writeJSON(w, http.StatusOK, checkResponse{Decision: d.String(), Digest: c.Digest.String()})
+}
+
+// batchRequest is the body of /v1/check:batch.
+type batchRequest struct {
+	Checks []checkRequest `json:"checks"`
+}
+
+// batchResult is one check's answer in a batch: a decision, or the error
+// of that check alone.
+type batchResult struct {
+	Decision string     `json:"decision,omitempty"`
+	Digest   string     `json:"digest,omitempty"`
+	Error    *errorBody `json:"error,omitempty"`
+}
+
+type batchResponse struct {
+	Results []batchResult `json:"results"`
+}
+
+// handleBatch decides a batch's valid checks in one transaction, in their
+// order; an invalid check gets its own error and changes nothing.
+func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
+	t := s.authenticate(r)
+	if t == nil {
+		unauthorized(w)
+		return
+	}
+	var req batchRequest
+	if e := s.decode(w, r, &req); e != nil {
+		writeError(w, e.status, e.code, e.msg)
+		return
+	}
+	if req.Checks == nil {
+		writeError(w, http.StatusBadRequest, codeMissingField, "missing field checks")
+		return
+	}
+	if len(req.Checks) > s.cfg.MaxBatch {
+		writeError(w, http.StatusRequestEntityTooLarge, codeBatchTooLong,
+			fmt.Sprintf("%d checks: at most %d per batch (serve.max_batch)", len(req.Checks), s.cfg.MaxBatch))
+		return
+	}
+	var services []string
+	for _, c := range req.Checks {
+		if c.Service != nil {
+			services = append(services, *c.Service)
+		}
+	}
+	if !authorize(w, t, services...) {
+		return
+	}
+	results := make([]batchResult, len(req.Checks))
+	items := make([]dedup.CheckItem, 0, len(req.Checks))
+	index := make([]int, 0, len(req.Checks)) // items[k] answers checks[index[k]]
+	for i := range req.Checks {
+		c, e := s.parse(&req.Checks[i], "checks["+strconv.Itoa(i)+"].")
+		if e != nil {
+			results[i].Error = &errorBody{Code: e.code, Message: e.msg}
+			continue
+		}
+		items = append(items, c)
+		index = append(index, i)
+	}
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
+	decisions, err := s.store.CheckBatch(ctx, items, nil)
+	if err != nil {
+		s.storeError(w, "check batch", err)
+		return
+	}
+	for k, d := range decisions {
+		s.metrics.decision(items[k].Service, d)
+		results[index[k]] = batchResult{Decision: d.String(), Digest: items[k].Digest.String()}
+	}
+	writeJSON(w, http.StatusOK, batchResponse{Results: results})
+}
+
+// stateResponse is an identity's stored state.
+type stateResponse struct {
+	Service   string    `json:"service"`
+	Entity    string    `json:"entity"`
+	EntityHex string    `json:"entity_hex"`
+	Digest    string    `json:"digest"`
+	UpdatedAt time.Time `json:"updated_at"`
+	// Source is the input record that set the digest; absent when a check
+	// (this service, or dedup.Check) set it.
+	Source *source `json:"source,omitempty"`
+}
+
+type source struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	Offset    int64  `json:"offset"`
+}
+
+// stateIdentity authenticates a state request, reads its identity and
+// authorizes its service, or answers the failure.
+func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (string, []byte, bool) {
+	t := s.authenticate(r)
+	if t == nil {
+		unauthorized(w)
+		return "", nil, false
+	}
+	service, entity, e := pathIdentity(r)
+	if e != nil {
+		writeError(w, e.status, e.code, e.msg)
+		return "", nil, false
+	}
+	if !authorize(w, t, service) {
+		return "", nil, false
+	}
+	return service, entity, true
+}
+
+// pathIdentity reads {service} and {entity}: path-escaped text, or hex
+// with ?encoding=hex.
+func pathIdentity(r *http.Request) (string, []byte, *apiError) {
+	service, entity := r.PathValue("service"), []byte(r.PathValue("entity"))
+	switch enc := r.URL.Query().Get("encoding"); enc {
+	case "", "text":
+	case "hex":
+		b, err := hex.DecodeString(string(entity))
+		if err != nil {
+			return "", nil, badRequest(codeBadField, "entity: not hex: %v", err)
+		}
+		entity = b
+	default:
+		return "", nil, badRequest(codeBadField, "encoding %q: want text or hex", enc)
+	}
+	return service, entity, nil
+}
+
+func (s *Server) handleStateGet(w http.ResponseWriter, r *http.Request) {
+	service, entity, ok := s.stateIdentity(w, r)
+	if !ok {
+		return
+	}
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
+	st, err := s.store.Get(ctx, service, entity)
+	if errors.Is(err, dedup.ErrNotFound) {
+		writeError(w, http.StatusNotFound, codeNotFound, "no state stored for this identity: its next check is forward")
+		return
+	}
+	if err != nil {
+		s.storeError(w, "get", err)
+		return
+	}
+	resp := stateResponse{Service: st.Service, Entity: string(st.Entity), EntityHex: hex.EncodeToString(st.Entity),
+		Digest: st.Digest.String(), UpdatedAt: st.UpdatedAt.UTC()}
+	if st.Topic != "" {
+		resp.Source = &source{Topic: st.Topic, Partition: st.Partition, Offset: st.Offset}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// resetResponse says whether a DELETE removed a stored state.
+type resetResponse struct {
+	Reset bool `json:"reset"`
+}
+
+func (s *Server) handleStateDelete(w http.ResponseWriter, r *http.Request) {
+	service, entity, ok := s.stateIdentity(w, r)
+	if !ok {
+		return
+	}
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
+	n, err := s.store.ResetEntities(ctx, service, [][]byte{entity})
+	if err != nil {
+		s.storeError(w, "reset", err)
+		return
+	}
+	s.log.Info("serve: state reset", zap.String("service", service), zap.String("entity_hex", hex.EncodeToString(entity)), zap.Bool("found", n > 0))
+	writeJSON(w, http.StatusOK, resetResponse{Reset: n > 0})
+}

@@ -1,0 +1,163 @@
+package serve
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/dam-dedup/dam/dedup"
+)
+
+// combiner decides the single checks of concurrent requests together
+// (group commit): a fixed set of deciders each take every check waiting,
+// up to maxCombined, and decide them in one dedup.CheckBatch transaction,
+// one round trip and one commit for all. An idle decider takes a check as
+// soon as it arrives, so a lone request waits for nothing; under load the
+// commits, not the requests, are what PostgreSQL counts.
+//
+// Each check takes effect when its batch commits, inside its request's
+// time, so decisions stay linearizable per identity. A check whose request
+// ends (timeout, client gone) before a decider took it is withdrawn: no
+// decision is made. Once taken, it is answered by its batch, which runs
+// with the earliest deadline of its checks.
+type combiner struct {
+	base    context.Context // the deciders' context: never canceled, values only
+	store   *dedup.Store
+	max     int
+	timeout time.Duration
+	metrics *metrics
+
+	mu    sync.Mutex
+	queue []*waiter
+	ready chan struct{} // one token per decider that may have work
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+// maxCombined bounds the checks of one combined transaction.
+const maxCombined = 256
+
+// waiter is one check waiting for its decision.
+type waiter struct {
+	item     dedup.CheckItem
+	deadline time.Time
+	taken    bool // a decider has it: it will be answered
+	done     chan struct{}
+	decision dedup.Decision
+	err      error
+}
+
+// newCombiner starts n deciders; stop them with close. A batch runs to its
+// deadline whatever happens to ctx (shutdown lets the batches in flight
+// finish).
+func newCombiner(ctx context.Context, store *dedup.Store, n int, timeout time.Duration, m *metrics) *combiner {
+	c := &combiner{base: context.WithoutCancel(ctx), store: store, max: maxCombined, timeout: timeout, metrics: m,
+		ready: make(chan struct{}, n), stop: make(chan struct{})}
+	for range n {
+		c.wg.Add(1)
+		go c.decider()
+	}
+	return c
+}
+
+// close stops the deciders after their batches in flight and waits for
+// them. Checks still queued are answered ErrUnavailable (none are, once
+// the HTTP server has drained).
+func (c *combiner) close() {
+	close(c.stop)
+	c.wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range c.queue {
+		w.err = dedup.ErrUnavailable
+		close(w.done)
+	}
+	c.queue = nil
+}
+
+// check decides item, combined with the checks of concurrent requests.
+func (c *combiner) check(ctx context.Context, item dedup.CheckItem) (dedup.Decision, error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(c.timeout)
+	}
+	w := &waiter{item: item, deadline: deadline, done: make(chan struct{})}
+	c.mu.Lock()
+	c.queue = append(c.queue, w)
+	c.mu.Unlock()
+	select {
+	case c.ready <- struct{}{}:
+	default: // every decider already has a token: one of them takes it
+	}
+	select {
+	case <-w.done:
+		return w.decision, w.err
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	if !w.taken {
+		c.queue = slices.DeleteFunc(c.queue, func(x *waiter) bool { return x == w })
+		c.mu.Unlock()
+		return 0, ctx.Err() // withdrawn: nothing was decided
+	}
+	c.mu.Unlock()
+	<-w.done // its batch runs until the earliest deadline of its checks
+	return w.decision, w.err
+}
+
+// take removes up to max waiting checks, marking them taken.
+func (c *combiner) take() []*waiter {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := min(len(c.queue), c.max)
+	if n == 0 {
+		return nil
+	}
+	batch := slices.Clone(c.queue[:n])
+	c.queue = slices.Delete(c.queue, 0, n)
+	for _, w := range batch {
+		w.taken = true
+	}
+	return batch
+}
+
+func (c *combiner) decider() {
+	defer c.wg.Done()
+	var items []dedup.CheckItem
+	var out []dedup.Decision
+	for {
+		batch := c.take()
+		if batch == nil {
+			select {
+			case <-c.ready:
+				continue
+			case <-c.stop:
+				return
+			}
+		}
+		deadline := batch[0].deadline
+		items = items[:0]
+		for _, w := range batch {
+			items = append(items, w.item)
+			if w.deadline.Before(deadline) {
+				deadline = w.deadline
+			}
+		}
+		// The batch belongs to no single request: it runs to the earliest
+		// deadline of its checks, not to any request's cancellation.
+		ctx, cancel := context.WithDeadline(c.base, deadline)
+		var err error
+		out, err = c.store.CheckBatch(ctx, items, out)
+		cancel()
+		c.metrics.combined.Observe(float64(len(batch)))
+		for i, w := range batch {
+			if err != nil {
+				w.err = err
+			} else {
+				w.decision = out[i]
+			}
+			close(w.done)
+		}
+	}
+}

@@ -1,0 +1,125 @@
+package serve_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/serve"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const (
+	tokenAll = "all-services-token-0123456789"
+	tokenA   = "service-a-token-0123456789"
+)
+
+// testConfig has a route for service "a" that ignores /ts, a token for
+// every service and one for "a" only.
+func testConfig(dsn string) config.Config {
+	c := config.Default()
+	c.Postgres.DSN = dsn
+	c.Kafka.Brokers, c.Kafka.Group = []string{"127.0.0.1:1"}, "g"
+	r := config.DefaultRoute()
+	r.Service, r.From, r.To = "a", "in.a", "out.a"
+	r.Ignore = []string{"/ts"}
+	c.Routes = []config.Route{r}
+	c.Serve.Token = tokenAll
+	c.Serve.Tokens = []config.ServeToken{{Token: tokenA, Services: []string{"a"}}}
+	return c
+}
+
+type harness struct {
+	t     *testing.T
+	url   string
+	store *dedup.Store
+	srv   *serve.Server
+}
+
+// newHarness serves cfg (testConfig on a fresh schema, changed by mutate)
+// on an httptest server.
+func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
+	t.Helper()
+	dsn := pgtest.DSN(t)
+	cfg := testConfig(dsn)
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	store, err := dedup.Open(context.Background(), cfg.Postgres.DSN, dedup.Config{MaxConns: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	srv, err := serve.New(cfg, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start(context.Background())
+	t.Cleanup(srv.Close) // after the HTTP server's close (cleanups run last first)
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	return &harness{t: t, url: ts.URL, store: store, srv: srv}
+}
+
+// do sends a request with token (none if "") and returns the status, the
+// headers and the body.
+func (h *harness) do(method, path, token, body string) (int, http.Header, string) {
+	h.t.Helper()
+	req, err := http.NewRequest(method, h.url+path, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// check posts one check with tokenAll and returns its decision, failing
+// on anything but 200.
+func (h *harness) check(service, entity, payload string) string {
+	h.t.Helper()
+	body, _ := json.Marshal(map[string]any{"service": service, "entity": entity, "payload": json.RawMessage(payload)})
+	code, _, out := h.do("POST", "/v1/check", tokenAll, string(body))
+	if code != http.StatusOK {
+		h.t.Fatalf("check %s %s %s: %d %s", service, entity, payload, code, out)
+	}
+	var r struct{ Decision, Digest string }
+	if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Digest) != 66 {
+		h.t.Fatalf("response %q: %v", out, err)
+	}
+	return r.Decision
+}
+
+// errorCode decodes a JSON error body.
+func errorCode(t *testing.T, body string) (code, message string) {
+	t.Helper()
+	var e struct{ Code, Message string }
+	dec := json.NewDecoder(bytes.NewReader([]byte(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil || e.Code == "" || e.Message == "" {
+		t.Fatalf("not a JSON error body: %q (%v)", body, err)
+	}
+	return e.Code, e.Message
+}

@@ -1,0 +1,94 @@
+package serve
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/dam-dedup/dam/dedup"
+)
+
+type metrics struct {
+	requests    *prometheus.CounterVec
+	seconds     *prometheus.HistogramVec
+	decisions   *prometheus.CounterVec
+	storeErrors prometheus.Counter
+	inFlight    prometheus.Gauge
+	combined    prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	return &metrics{
+		requests: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dam_serve_requests_total",
+			Help: "API requests by endpoint and HTTP status code.",
+		}, []string{"endpoint", "code"}),
+		seconds: f.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dam_serve_request_seconds",
+			Help:    "API request latency by endpoint.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}, []string{"endpoint"}),
+		decisions: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dam_serve_decisions_total",
+			Help: "Check answers by service and decision (forward, duplicate).",
+		}, []string{"service", "decision"}),
+		storeErrors: f.NewCounter(prometheus.CounterOpts{
+			Name: "dam_serve_store_errors_total",
+			Help: "PostgreSQL errors met by API requests (answered 503 or 500).",
+		}),
+		inFlight: f.NewGauge(prometheus.GaugeOpts{
+			Name: "dam_serve_in_flight",
+			Help: "API requests being served.",
+		}),
+		combined: f.NewHistogram(prometheus.HistogramOpts{
+			Name:    "dam_serve_combined_checks",
+			Help:    "Single checks decided together in one transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
+		}),
+	}
+}
+
+func (m *metrics) decision(service string, d dedup.Decision) {
+	m.decisions.WithLabelValues(service, d.String()).Inc()
+}
+
+// statusWriter remembers the status code written.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// instrument counts and times an endpoint's requests.
+func (s *Server) instrument(endpoint string, h http.HandlerFunc) http.Handler {
+	seconds := s.metrics.seconds.WithLabelValues(endpoint)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		s.metrics.inFlight.Inc()
+		sw := &statusWriter{ResponseWriter: w}
+		h(sw, r)
+		s.metrics.inFlight.Dec()
+		seconds.Observe(time.Since(start).Seconds())
+		if sw.status == 0 {
+			sw.status = http.StatusOK
+		}
+		s.metrics.requests.WithLabelValues(endpoint, strconv.Itoa(sw.status)).Inc()
+	})
+}

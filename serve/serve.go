@@ -1,0 +1,275 @@
+// Package serve is dam's synchronous check service (`dam serve`, seed
+// 000's deduplicator): an HTTP API answering "forward or duplicate?" for a
+// (service, entity, payload), on the same PostgreSQL state and with the
+// same last-seen semantics as the sidecar. That is its one job.
+//
+// A payload is hashed with its service's route options when the
+// configuration has a route of that service (format, ignore pointers,
+// limits), with canon's defaults otherwise, so a service can be checked
+// from both sides consistently. Decisions are dedup.Check's
+// compare-and-set, run by dedup.CheckBatch: the single checks of
+// concurrent requests share a transaction (group commit), a batch request
+// is one transaction; decisions are linearizable per identity. A store
+// outage or a request past serve.request_timeout is answered 503 with
+// Retry-After, never a guess: PostgreSQL's own timeouts end a transaction
+// before the request's deadline, so that the 503 means nothing was decided
+// (only a connection lost during a COMMIT leaves the outcome unknown).
+//
+// Endpoints (JSON; errors are {"code", "message"}):
+//
+//	POST   /v1/check                      {"service","entity","payload"} -> {"decision","digest"}
+//	POST   /v1/check:batch                {"checks":[...]} -> {"results":[...]}
+//	GET    /v1/state/{service}/{entity}   the stored state of an identity
+//	DELETE /v1/state/{service}/{entity}   reset it: its next check is forward
+//	GET    /metrics /healthz /readyz
+//
+// The /v1 endpoints need "Authorization: Bearer TOKEN" (401 without a
+// valid token, 403 for a token not allowed the service); tokens are
+// compared in constant time and never logged.
+//
+// Metrics (all on the registry given to New):
+//
+//	dam_serve_requests_total{endpoint,code}      requests by endpoint and HTTP status
+//	dam_serve_request_seconds{endpoint}          request latency
+//	dam_serve_decisions_total{service,decision}  forward and duplicate answers
+//	dam_serve_store_errors_total                 store errors (answered 503)
+//	dam_serve_in_flight                          requests being served
+//	dam_serve_combined_checks                    single checks decided per transaction
+package serve
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/dam-dedup/dam/canon"
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
+)
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithLogger sets the logger (default: a no-op logger).
+func WithLogger(l *zap.Logger) Option { return func(s *Server) { s.log = l } }
+
+// WithRegistry sets the registry the metrics are registered on and that
+// /metrics serves (default: a new registry of the server's own metrics).
+func WithRegistry(r *prometheus.Registry) Option { return func(s *Server) { s.reg = r } }
+
+// Server is the check service. Create it with New and serve it with Run,
+// or mount Handler in a server of your own between Start and Close.
+type Server struct {
+	cfg     config.Serve
+	store   *dedup.Store
+	log     *zap.Logger
+	reg     *prometheus.Registry
+	metrics *metrics
+
+	hashers  map[string]*canon.Hasher // by service, from the routes
+	fallback *canon.Hasher            // canon's defaults
+	tokens   []token
+	deciders int // combining deciders: postgres.max_conns
+
+	draining atomic.Bool // shutting down: not ready
+
+	startOnce sync.Once
+	combiner  atomic.Pointer[combiner] // set by Start
+}
+
+// token is a resolved bearer token: its SHA-256 (compared in constant
+// time, whatever the length of the token presented) and its services.
+type token struct {
+	sum      [sha256.Size]byte
+	any      bool
+	services map[string]bool
+	key      string // the configuration key it came from, for logs
+}
+
+// New builds the service from the configuration's serve section and
+// routes. It reads token files (an error names the key) and does not
+// connect to the store.
+func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error) {
+	s := &Server{cfg: cfg.Serve, store: store, log: zap.NewNop(), hashers: map[string]*canon.Hasher{},
+		deciders: max(1, int(cfg.Postgres.MaxConns))}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.reg == nil {
+		s.reg = prometheus.NewRegistry()
+	}
+	s.metrics = newMetrics(s.reg)
+	var err error
+	if s.fallback, err = canon.New(); err != nil {
+		return nil, err
+	}
+	for i, r := range cfg.Routes {
+		f, err := canon.ParseFormat(r.Format)
+		if err != nil {
+			return nil, fmt.Errorf("routes[%d].format: %w", i, err)
+		}
+		h, err := canon.New(canon.WithFormat(f), canon.WithIgnore(r.Ignore...), canon.WithMaxDepth(r.MaxDepth), canon.WithMaxSize(r.MaxSize))
+		if err != nil {
+			return nil, fmt.Errorf("routes[%d]: %w", i, err)
+		}
+		s.hashers[r.Service] = h
+	}
+	resolved, err := cfg.Serve.ResolveTokens()
+	if err != nil {
+		return nil, err
+	}
+	if len(resolved) == 0 {
+		return nil, fmt.Errorf("serve.tokens: %w: at least one token (or set %sSERVE_TOKEN)", config.ErrRequired, config.EnvPrefix)
+	}
+	for _, rt := range resolved {
+		t := token{sum: sha256.Sum256([]byte(rt.Token)), services: map[string]bool{}, key: rt.Key}
+		for _, svc := range rt.Services {
+			if svc == config.AnyService {
+				t.any = true
+			}
+			t.services[svc] = true
+		}
+		s.tokens = append(s.tokens, t)
+	}
+	return s, nil
+}
+
+// hasher returns the hasher of service: its route's, or the defaults.
+func (s *Server) hasher(service string) *canon.Hasher {
+	if h, ok := s.hashers[service]; ok {
+		return h
+	}
+	return s.fallback
+}
+
+// authenticate returns the token presented in r's Authorization header, or
+// nil. Every configured token is compared, in constant time, whichever
+// matches.
+func (s *Server) authenticate(r *http.Request) *token {
+	h := r.Header.Get("Authorization")
+	const prefix = "bearer "
+	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return nil
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(h[len(prefix):])))
+	match := -1
+	for i := range s.tokens {
+		if subtle.ConstantTimeCompare(sum[:], s.tokens[i].sum[:]) == 1 {
+			match = i
+		}
+	}
+	if match < 0 {
+		return nil
+	}
+	return &s.tokens[match]
+}
+
+func (t *token) allows(service string) bool { return t.any || t.services[service] }
+
+// Start starts the deciders that combine the single checks of concurrent
+// requests into shared transactions (one per postgres.max_conns
+// connection). Without Start, Handler decides each check in a transaction
+// of its own: the same answers, more commits. Stop them with Close.
+func (s *Server) Start(ctx context.Context) {
+	s.startOnce.Do(func() {
+		s.combiner.Store(newCombiner(ctx, s.store, s.deciders, s.cfg.RequestTimeout, s.metrics))
+	})
+}
+
+// Close stops the deciders Start started, after their transactions in
+// flight. Call it once the HTTP server has drained.
+func (s *Server) Close() {
+	if c := s.combiner.Swap(nil); c != nil {
+		c.close()
+	}
+}
+
+// Handler returns the service's HTTP handler: the API, /metrics, /healthz
+// and /readyz.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/check", s.instrument("check", s.handleCheck))
+	mux.Handle("POST /v1/check:batch", s.instrument("check_batch", s.handleBatch))
+	mux.Handle("GET /v1/state/{service}/{entity}", s.instrument("state_get", s.handleStateGet))
+	mux.Handle("DELETE /v1/state/{service}/{entity}", s.instrument("state_delete", s.handleStateDelete))
+	mux.Handle("/v1/", s.instrument("other", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, codeNotFound, fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
+	}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", s.handleReady)
+	return mux
+}
+
+// readyTimeout bounds the store ping of /readyz.
+const readyTimeout = 2 * time.Second
+
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = w.Write([]byte("ready\n"))
+}
+
+// Run serves on ln until ctx is canceled, then stops accepting, reports
+// not-ready and lets the requests in flight finish within
+// serve.shutdown_grace. It returns nil after a clean shutdown.
+func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       s.cfg.RequestTimeout + 10*time.Second,
+		IdleTimeout:       2 * time.Minute,
+		// Requests outlive ctx's cancellation: shutdown lets them finish.
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ErrorLog:    zap.NewStdLog(s.log.Named("http")),
+	}
+	s.Start(ctx)
+	defer s.Close() // after the shutdown: no request is left to answer
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	s.log.Info("serve: listening", zap.String("addr", ln.Addr().String()), zap.Int("tokens", len(s.tokens)),
+		zap.Int("routes", len(s.hashers)))
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.draining.Store(true)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownGrace)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	<-errc // Serve returned ErrServerClosed
+	if err != nil {
+		return fmt.Errorf("serve: shutdown: %w", err)
+	}
+	s.log.Info("serve: stopped")
+	return nil
+}
+
+// isUnavailable reports a store error that is answered 503: the store is
+// unreachable, the outcome unknown, or the request ran out of time.
+func isUnavailable(err error) bool {
+	return errors.Is(err, dedup.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
