@@ -30,7 +30,7 @@ func TestWorkedExample(t *testing.T) {
   group: dam-customer-2
   start: earliest
   session_timeout: 10s
-  rebalance_timeout: 10s
+  rebalance_timeout: 40s
   transaction_timeout: 8s
 postgres:
   dsn: %q
