@@ -49,10 +49,11 @@ func (e *AuthError) Error() string {
 // Unwrap returns the client's error.
 func (e *AuthError) Unwrap() error { return e.Err }
 
-// kafkaOptions returns the franz-go options that kafka.tls, kafka.sasl and
-// kafka.compression ask for: every client dam makes uses them. Errors are
-// *config.Error values naming the key whose file could not be used.
-func kafkaOptions(k config.Kafka) ([]kgo.Opt, error) {
+// KafkaOptions returns the franz-go options that kafka.tls, kafka.sasl and
+// kafka.compression ask for: every client dam makes uses them (the
+// pipeline's, and the tools' such as dam explain). Errors are *config.Error
+// values naming the key whose file could not be used.
+func KafkaOptions(k config.Kafka) ([]kgo.Opt, error) {
 	var opts []kgo.Opt
 	tc, err := tlsConfig(k.TLS)
 	if err != nil {
@@ -151,7 +152,7 @@ func compressionCodecs(names config.Codecs) ([]kgo.CompressionCodec, error) {
 // "kafka unreachable" (the pipeline waits for a broker, not ready
 // meanwhile).
 func CheckBrokers(ctx context.Context, k config.Kafka) error {
-	opts, err := kafkaOptions(k)
+	opts, err := KafkaOptions(k)
 	if err != nil {
 		return err
 	}
@@ -212,7 +213,7 @@ func diagnose(ctx context.Context, k config.Kafka) *AuthError {
 	if !k.TLS.Enabled && k.SASL.Mechanism == "" {
 		return nil
 	}
-	opts, err := kafkaOptions(k)
+	opts, err := KafkaOptions(k)
 	if err != nil {
 		return nil // Run and CheckBrokers report it before any probe
 	}

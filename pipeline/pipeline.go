@@ -236,7 +236,7 @@ func (p *Pipeline) clientOptions() ([]kgo.Opt, error) {
 		kgo.MaxBufferedRecords(max(p.cfg.Pipeline.MaxInFlight*2, 10000)),
 	}
 	// TLS, SASL and compression (kafkaopts.go).
-	kopts, err := kafkaOptions(p.cfg.Kafka)
+	kopts, err := KafkaOptions(p.cfg.Kafka)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}

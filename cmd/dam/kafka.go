@@ -2,20 +2,16 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/pipeline"
 )
 
 // kafkaReader reads input records for dam explain: bounds, the group's
@@ -28,42 +24,13 @@ type kafkaReader struct {
 }
 
 // newKafkaReader connects (lazily) to the configuration's brokers with its
-// TLS and SASL settings.
-//
-// The TLS and SASL options repeat pipeline's unexported tlsOption and
-// saslOption; an exported pipeline.ClientOptions would let both share them.
+// TLS and SASL settings (pipeline.KafkaOptions, as the sidecar does).
 func newKafkaReader(k config.Kafka) (*kafkaReader, error) {
-	opts := []kgo.Opt{kgo.SeedBrokers(k.Brokers...), kgo.ClientID(k.ClientID + "-explain")}
-	if k.TLS.Enabled {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: k.TLS.InsecureSkipVerify} //nolint:gosec // operator's explicit choice
-		if k.TLS.CAFile != "" {
-			pem, err := os.ReadFile(k.TLS.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("kafka.tls.ca_file: %s holds no PEM certificate", k.TLS.CAFile)
-			}
-			tc.RootCAs = pool
-		}
-		if k.TLS.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(k.TLS.CertFile, k.TLS.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("kafka.tls.cert_file/key_file: %w", err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
-		}
-		opts = append(opts, kgo.DialTLSConfig(tc))
+	kopts, err := pipeline.KafkaOptions(k)
+	if err != nil {
+		return nil, usageError{err}
 	}
-	switch k.SASL.Mechanism {
-	case "PLAIN":
-		opts = append(opts, kgo.SASL(plain.Auth{User: k.SASL.Username, Pass: k.SASL.Password}.AsMechanism()))
-	case "SCRAM-SHA-256":
-		opts = append(opts, kgo.SASL(scram.Auth{User: k.SASL.Username, Pass: k.SASL.Password}.AsSha256Mechanism()))
-	case "SCRAM-SHA-512":
-		opts = append(opts, kgo.SASL(scram.Auth{User: k.SASL.Username, Pass: k.SASL.Password}.AsSha512Mechanism()))
-	}
+	opts := append([]kgo.Opt{kgo.SeedBrokers(k.Brokers...), kgo.ClientID(k.ClientID + "-explain")}, kopts...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)
