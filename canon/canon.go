@@ -103,17 +103,17 @@ func (h *Hasher) Sum(value []byte) (Digest, error) {
 	if value == nil {
 		return Tombstone, nil
 	}
-	if len(value) > h.maxSize {
-		return d, &Error{Offset: h.maxSize, Err: ErrTooLarge, Detail: sizeDetail(len(value), h.maxSize)}
-	}
 	if h.format == FormatBytes {
+		if len(value) > h.maxSize {
+			return d, tooLarge(h, value)
+		}
 		d[0] = byte(SchemeBytes1)
 		sum := sha256.Sum256(value)
 		copy(d[1:], sum[:])
 		return d, nil
 	}
 	st := h.pool.Get().(*state)
-	err := st.encode(h, value)
+	err := h.encode(st, value)
 	if err == nil {
 		d[0] = byte(SchemeJSON1)
 		sum := sha256.Sum256(st.out)
@@ -131,18 +131,31 @@ func (h *Hasher) AppendCanonical(dst, value []byte) ([]byte, error) {
 	if value == nil {
 		return append(dst, "(tombstone)"...), nil
 	}
-	if len(value) > h.maxSize {
-		return dst, &Error{Offset: h.maxSize, Err: ErrTooLarge, Detail: sizeDetail(len(value), h.maxSize)}
-	}
 	if h.format == FormatBytes {
+		if len(value) > h.maxSize {
+			return dst, tooLarge(h, value)
+		}
 		return append(dst, value...), nil
 	}
 	st := h.pool.Get().(*state)
 	defer h.put(st)
-	if err := st.encode(h, value); err != nil {
+	if err := h.encode(st, value); err != nil {
 		return dst, err
 	}
 	return appendText(dst, st.out), nil
+}
+
+// encode leaves the canonical encoding of a JSON value in st.out. The
+// tests call it with their own state to see the encoded bytes.
+func (h *Hasher) encode(st *state, value []byte) error {
+	if len(value) > h.maxSize {
+		return tooLarge(h, value)
+	}
+	return st.encode(h, value)
+}
+
+func tooLarge(h *Hasher, value []byte) error {
+	return &Error{Offset: h.maxSize, Err: ErrTooLarge, Detail: sizeDetail(len(value), h.maxSize)}
 }
 
 func (h *Hasher) put(st *state) {
