@@ -68,23 +68,6 @@ func appendLong(buf []byte, tag byte, v []byte) []byte {
 	return append(append(buf, tag, byte(len(v))), v...)
 }
 
-// scanSafe returns the index of the first byte at or after j that is not
-// strSafe (or len(in)), testing eight bytes at a time. In each test a
-// borrow only runs upward from a byte that is itself special, so the
-// lowest flagged byte is exact.
-func scanSafe(in []byte, j int) int {
-	for j+8 <= len(in) {
-		if t := special(binary.LittleEndian.Uint64(in[j:])); t != 0 {
-			return j + bits.TrailingZeros64(t)>>3
-		}
-		j += 8
-	}
-	for j < len(in) && strSafe[in[j]] {
-		j++
-	}
-	return j
-}
-
 // scanRun returns the index of the first '"', '\\' or control byte at or
 // after i (or len(in)), validating the UTF-8 of the bytes before it: ok is
 // false if they are invalid. ASCII is skipped eight bytes at a time and
@@ -138,7 +121,7 @@ func scanRun(in []byte, i int) (j int, ok bool) {
 // str appends the string whose opening quote is at pos. It returns the
 // position after the closing quote and the buffer offset of the decoded
 // bytes. Runs between escapes are validated while they are scanned and
-// copied at once. On any error the string is decoded again by strSlow,
+// copied at once. On any error the string is decoded again by decodeStr,
 // which finds the exact error.
 func str(buf, in []byte, pos int) ([]byte, int, int, error) {
 	n := len(in)
@@ -202,76 +185,44 @@ func str(buf, in []byte, pos int) ([]byte, int, int, error) {
 			return buf, j, lenAt + w, nil
 		}
 	}
-	return strSlow(buf[:start], in, pos, pos+1)
+	// Invalid: find the first bad byte.
+	_, j, err := decodeStr(buf[:start], in, pos)
+	return buf[:start], j, start + 2, err
 }
 
-// strSlow appends the string whose opening quote is at pos, decoding byte
-// by byte from j (bytes before j need no work). It is the reference
-// decoder: str calls it for invalid strings, so that errors name exactly
-// the first bad byte. It returns the position after the closing quote and
-// the buffer offset of the decoded bytes.
-func strSlow(buf, in []byte, pos, j int) ([]byte, int, int, error) {
+// decodeStr appends the decoded value of the string whose opening quote
+// is at pos and returns the position after its closing quote. It is the
+// plain decoder, byte by byte: str calls it for an invalid string, to name
+// exactly the first bad byte, and SumValues for the strings it returns.
+func decodeStr(dst, in []byte, pos int) ([]byte, int, error) {
 	n := len(in)
-	// Reserve one length byte, decode, then fix the length.
-	buf = append(buf, 's', 0)
-	lenAt := len(buf) - 1
-	k := len(buf)
-	buf = append(buf, in[pos+1:j]...)
-	for {
+	for j := pos + 1; ; {
 		if j >= n {
-			return buf, j, k, syntaxErr(pos, "unterminated string")
+			return dst, j, syntaxErr(pos, "unterminated string")
 		}
-		c := in[j]
-		switch {
+		switch c := in[j]; {
 		case c == '"':
-			j++
-			l := len(buf) - k
-			if l < 0x80 {
-				buf[lenAt] = byte(l)
-				return buf, j, k, nil
-			}
-			var tmp [binary.MaxVarintLen64]byte
-			w := binary.PutUvarint(tmp[:], uint64(l))
-			buf = append(buf, tmp[:w-1]...)
-			copy(buf[lenAt+w:], buf[k:k+l])
-			copy(buf[lenAt:], tmp[:w])
-			return buf, j, lenAt + w, nil
+			return dst, j + 1, nil
 		case c == '\\':
 			var err error
-			if buf, j, err = escape(buf, in, j); err != nil {
-				return buf, j, k, err
+			if dst, j, err = escape(dst, in, j); err != nil {
+				return dst, j, err
 			}
 		case c < 0x20:
-			return buf, j, k, syntaxErr(j, "control character in string")
-		case c >= 0xC2 && c < 0xE0 && j+1 < n && in[j+1]&0xC0 == 0x80:
-			// A two-byte sequence (Latin text): valid as it stands.
-			buf = append(buf, c, in[j+1])
-			j += 2
+			return dst, j, syntaxErr(j, "control character in string")
+		case c < utf8.RuneSelf:
+			dst = append(dst, c)
+			j++
 		default:
-			// c >= 0x80: validate the whole run of non-ASCII bytes at once
-			// (utf8.Valid also rejects encoded surrogates and overlong
-			// forms; a sequence cut short by an ASCII byte is invalid).
-			e := j + 1
-			for e < n && in[e] >= 0x80 {
-				e++
+			// utf8.DecodeRune rejects encoded surrogates, overlong forms
+			// and sequences cut short.
+			r, size := utf8.DecodeRune(in[j:])
+			if r == utf8.RuneError && size == 1 {
+				return dst, j, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "invalid UTF-8"}
 			}
-			if !utf8.Valid(in[j:e]) {
-				// Find the offending byte for the error.
-				for j < e {
-					r, size := utf8.DecodeRune(in[j:e])
-					if r == utf8.RuneError && size == 1 {
-						break
-					}
-					j += size
-				}
-				return buf, j, k, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "invalid UTF-8"}
-			}
-			buf = append(buf, in[j:e]...)
-			j = e
+			dst = append(dst, in[j:j+size]...)
+			j += size
 		}
-		start := j
-		j = scanSafe(in, j)
-		buf = appendRaw(buf, in, start, j)
 	}
 }
 
