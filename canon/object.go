@@ -176,10 +176,7 @@ func (s *state) finish(buf, tmp []byte, body int, top bool) []byte {
 }
 
 // reorder writes the members of an object in the order perm (indexes
-// into ms), dropping ignored ones, and ends the object. Members up to 32
-// bytes move as one 32-byte array through spare capacity (reading and
-// writing past them, never past a capacity) in a loop without calls;
-// from the first longer member on, members are copied with memmove.
+// into ms), dropping ignored ones, and ends the object.
 func (s *state) reorder(buf []byte, ms []member, perm []uint8, body int, top, ignored bool) []byte {
 	tmp := s.tmp[:0]
 	if top {
@@ -190,30 +187,9 @@ func (s *state) reorder(buf []byte, ms []member, perm []uint8, body int, top, ig
 	}
 	d := len(tmp)
 	dst, src := tmp[:cap(tmp)], buf[:cap(buf)]
-	i := 0
-	// Every member lies in buf and tmp has room for all of them plus 32
-	// bytes, so when buf has 32 spare bytes to read past a member only
-	// the member length needs a test.
-	if len(buf)+32 <= len(src) {
-		for ; i < len(perm); i++ {
-			m := &ms[perm[i]]
-			if ignored && m.ignored {
-				continue
-			}
-			a, e := int(m.start), int(m.end)
-			if e-a > 32 {
-				break
-			}
-			sp := (*[32]byte)(src[a : a+32])
-			dp := (*[32]byte)(dst[d : d+32])
-			*(*[16]byte)(dp[:]) = *(*[16]byte)(sp[:])
-			*(*[16]byte)(dp[16:]) = *(*[16]byte)(sp[16:])
-			d += e - a
-		}
-	}
-	for ; i < len(perm); i++ {
-		if m := &ms[perm[i]]; !ignored || !m.ignored {
-			d += copy(dst[d:], src[m.start:m.end])
+	for _, k := range perm {
+		if m := &ms[k]; !ignored || !m.ignored {
+			d = move(dst, src, d, int(m.start), int(m.end))
 		}
 	}
 	return s.finish(buf, tmp[:d], body, top)
@@ -221,4 +197,17 @@ func (s *state) reorder(buf []byte, ms []member, perm []uint8, body int, top, ig
 
 func dupErr(buf []byte, a, b member) error {
 	return &Error{Offset: int(max(a.in, b.in)), Err: ErrDuplicateMember, Detail: strconv.Quote(string(buf[a.key:a.keyEnd]))}
+}
+
+// move copies src[a:e] to dst[d:] and returns the end of the copy in dst.
+// Up to 32 bytes move as one 32-byte array through spare capacity
+// (reading and writing past them, never past a capacity) without a call.
+func move(dst, src []byte, d, a, e int) int {
+	if e-a <= 32 && a+32 <= len(src) && d+32 <= len(dst) {
+		sp, dp := (*[32]byte)(src[a:a+32]), (*[32]byte)(dst[d:d+32])
+		*(*[16]byte)(dp[:]) = *(*[16]byte)(sp[:])
+		*(*[16]byte)(dp[16:]) = *(*[16]byte)(sp[16:])
+		return d + e - a
+	}
+	return d + copy(dst[d:], src[a:e])
 }

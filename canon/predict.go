@@ -394,8 +394,7 @@ func strWin(win, ob *[64]byte, x, o int) (int, int, bool) {
 
 // reorderSpans reorders the n members of the object whose body starts at
 // body, member i spanning buf[st[i]:st[i+1]], into the order perm, through
-// s.tmp. Members up to 32 bytes move as one 32-byte array through spare
-// capacity (never past a capacity); longer ones with memmove.
+// s.tmp.
 func (s *state) reorderSpans(buf []byte, body int, st *[2 * maxShape]int32, perm *[maxShape]uint8, n int) []byte {
 	tmp := s.tmp[:0]
 	if need := len(buf) - body + 32; cap(tmp) < need {
@@ -406,15 +405,7 @@ func (s *state) reorderSpans(buf []byte, body int, st *[2 * maxShape]int32, perm
 	d := 0
 	for k := range n {
 		i := perm[k&(maxShape-1)] & (maxShape - 1)
-		a, e := int(st[i]), int(st[i+1])
-		if e-a <= 32 && a+32 <= len(src) && d+32 <= len(dst) {
-			sp, dp := (*[32]byte)(src[a:a+32]), (*[32]byte)(dst[d:d+32])
-			*(*[16]byte)(dp[:]) = *(*[16]byte)(sp[:])
-			*(*[16]byte)(dp[16:]) = *(*[16]byte)(sp[16:])
-			d += e - a
-			continue
-		}
-		d += copy(dst[d:], src[a:e])
+		d = move(dst, src, d, int(st[i]), int(st[i+1]))
 	}
 	copy(buf[body:], dst[:d])
 	return buf

@@ -264,12 +264,9 @@ func escape(buf, in []byte, j int) ([]byte, int, error) {
 			return buf, j, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "lone surrogate " + string(in[j:j+6])}
 		case r >= 0xDC00 && r < 0xE000:
 			return buf, j, &Error{Offset: j, Err: ErrInvalidUTF8, Detail: "lone surrogate " + string(in[j:j+6])}
-		case r < 0x80:
-			return append(buf, byte(r)), j + 6, nil
-		case r < 0x800:
-			return append(buf, 0xC0|byte(r>>6), 0x80|byte(r)&0x3F), j + 6, nil
 		}
-		return append(buf, 0xE0|byte(r>>12), 0x80|byte(r>>6)&0x3F, 0x80|byte(r)&0x3F), j + 6, nil
+		// str decodes these inline; here only for decodeStr.
+		return utf8.AppendRune(buf, r), j + 6, nil
 	default:
 		return buf, j, syntaxErr(j, "invalid escape")
 	}
