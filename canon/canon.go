@@ -51,6 +51,16 @@
 // sequences of documents through one state check that no output depends
 // on earlier inputs.
 //
+// Values. A Hasher built WithValues also reads, in the same pass, the
+// values at up to MaxValues RFC 6901 pointers (no wildcard), for a
+// route's identity inside the record (entity: /banana_id), a message id
+// or a version: SumValues appends a string's decoded bytes, or any other
+// value's JSON text without whitespace, to the caller's buffer and says
+// which Kind it was. The value comes from the parser that validates the
+// record, so invalid JSON (invalid UTF-8 and lone surrogates included) is
+// an error, never a mangled identity. On FormatBytes a value is parsed for
+// that, and the digest stays the raw bytes'. Values never change a digest.
+//
 // Limits: nesting depth (default 128) and size (default 1 MiB); memory is
 // proportional to the input, and no input panics or exhausts the stack. A
 // nil value (a Kafka tombstone) hashes to Tombstone; FormatBytes hashes the
@@ -75,8 +85,11 @@ type Hasher struct {
 	format   Format
 	maxDepth int
 	maxSize  int
-	ptrs     [][]token
-	all      uint64 // bit set of every pointer
+	ptrs     [][]token // the ignore pointers, then the value pointers
+	all      uint64    // bit set of every pointer
+	values   uint64    // bit set of the value pointers
+	nIgnore  int       // the bit of value pointer i is nIgnore+i
+	vptrs    []string  // the value pointers as given
 	pool     sync.Pool
 }
 
@@ -98,14 +111,22 @@ func New(opts ...Option) (*Hasher, error) {
 	if len(o.ignore) > MaxIgnore {
 		return nil, errorf("canon: %d ignore pointers: at most %d", len(o.ignore), MaxIgnore)
 	}
-	h := &Hasher{format: o.format, maxDepth: o.maxDepth, maxSize: o.maxSize}
-	for i, p := range o.ignore {
-		toks, err := compilePointer(p)
+	if len(o.values) > MaxValues {
+		return nil, errorf("canon: %d value pointers: at most %d", len(o.values), MaxValues)
+	}
+	h := &Hasher{format: o.format, maxDepth: o.maxDepth, maxSize: o.maxSize, nIgnore: len(o.ignore)}
+	for i, p := range append(o.ignore[:len(o.ignore):len(o.ignore)], o.values...) {
+		value := i >= len(o.ignore)
+		toks, err := compilePointer(p, value)
 		if err != nil {
 			return nil, err
 		}
 		h.ptrs = append(h.ptrs, toks)
 		h.all |= 1 << uint(i)
+		if value {
+			h.values |= 1 << uint(i)
+			h.vptrs = append(h.vptrs, p)
+		}
 	}
 	h.pool.New = func() any { return new(state) }
 	return h, nil

@@ -21,7 +21,8 @@ type frame struct {
 	mstart     int32  // objects: index of the first member in state.members
 	elem       int32  // arrays: buffer offset of the current element
 	index      int32  // arrays: index of the current element
-	active     uint64 // ignore pointers whose tokens match this container's path
+	active     uint64 // pointers whose tokens match this container's path
+	names      uint64 // objects: nameFilter of active
 	child      uint8  // shape slot + 1 of the last object closed in this container, or 0
 	first      uint8  // objects: index in state.first of the input after '{', or noFirst
 }
@@ -48,6 +49,12 @@ type state struct {
 	// locals are zeroed on every call.
 	st  [2 * maxShape]int32
 	inp [maxShape]int32
+
+	// The values found at the hasher's value pointers: found has the
+	// pointer's bit set, vpos the input offset where the value starts
+	// (maybe at whitespace), by value index.
+	found uint64
+	vpos  [MaxValues]int32
 
 	// first predicts the shape of an object that is the first one in its
 	// container (no previous object to predict from) by the first four
@@ -102,7 +109,8 @@ func (s *state) encode(h *Hasher, in []byte) (err error) {
 	s.out = nil
 	n := len(in)
 	pos := 0
-	active := h.all // ignore pointers that may apply inside the next value
+	active := h.all // pointers that may apply inside the next value
+	s.found = 0
 	goto value
 
 name:
@@ -198,8 +206,8 @@ name:
 		pos = j
 		active = 0
 		if h.all != 0 {
-			if f := &s.stack[len(s.stack)-1]; f.active != 0 {
-				active, m.ignored = h.matchName(f.active, len(s.stack)-1, buf[k:])
+			if f := &s.stack[len(s.stack)-1]; f.active != 0 && f.names&(1<<(prefix>>56&63)) != 0 {
+				active, m.ignored = s.matchName(h, f.active, len(s.stack)-1, buf[k:], pos)
 				f.ignored = f.ignored || m.ignored
 			}
 		}
@@ -382,6 +390,9 @@ value:
 			s.stack = append(s.stack, frame{})
 			f := &s.stack[len(s.stack)-1]
 			f.obj, f.body, f.mstart, f.active, f.first = true, int32(len(buf)), int32(len(s.members)), active, first
+			if active != 0 {
+				f.names = h.nameFilter(active, len(s.stack)-1)
+			}
 			goto name
 		}
 		if pos < n && in[pos] == ']' {
@@ -395,7 +406,7 @@ value:
 		f.body, f.elem, f.active = int32(len(buf)), int32(len(buf)), active
 		active = 0
 		if f.active != 0 {
-			active, f.ignoreElem = h.matchIndex(f.active, len(s.stack)-1, 0)
+			active, f.ignoreElem = s.matchIndex(h, f.active, len(s.stack)-1, 0, pos)
 		}
 		goto value
 	case 't':
@@ -477,7 +488,7 @@ after:
 			f.index++
 			f.elem = int32(len(buf))
 			if f.active != 0 {
-				active, f.ignoreElem = h.matchIndex(f.active, len(s.stack)-1, int(f.index))
+				active, f.ignoreElem = s.matchIndex(h, f.active, len(s.stack)-1, int(f.index), pos+1)
 			}
 			pos++
 			goto value

@@ -14,8 +14,11 @@ const (
 	// MaxSize is the largest accepted WithMaxSize (offsets are 32-bit).
 	MaxSize = 1 << 30
 	// MaxIgnore is the largest number of ignore pointers one Hasher takes
-	// (they are matched as a bit set).
-	MaxIgnore = 64
+	// (with the value pointers, they are matched as one 64-bit set).
+	MaxIgnore = 64 - MaxValues
+	// MaxValues is the largest number of value pointers (WithValues) one
+	// Hasher takes.
+	MaxValues = 8
 )
 
 // Format selects how a value is hashed.
@@ -53,6 +56,7 @@ func ParseFormat(s string) (Format, error) {
 
 type options struct {
 	ignore   []string
+	values   []string
 	maxDepth int
 	maxSize  int
 	format   Format
@@ -66,6 +70,15 @@ type Option func(*options)
 // matches that array index.
 func WithIgnore(ptrs ...string) Option {
 	return func(o *options) { o.ignore = append(o.ignore, ptrs...) }
+}
+
+// WithValues makes SumValues read the values at these RFC 6901 pointers
+// in the same pass as the hash: a route's entity ("/banana_id"), a
+// message id, a version. Each pointer names one value: "*" is not a
+// wildcard here and is rejected. A value pointer may point into an
+// ignored member. Values do not change the digest.
+func WithValues(ptrs ...string) Option {
+	return func(o *options) { o.values = append(o.values, ptrs...) }
 }
 
 // WithMaxDepth sets the maximum nesting of arrays and objects (default 128).

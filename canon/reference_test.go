@@ -3,6 +3,7 @@ package canon
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"slices"
 	"unicode/utf8"
 )
@@ -25,7 +26,8 @@ import (
 // its path and each token matches: "*" anything, a name the member of that
 // name, a canonical index that array element. Errors are *Error with the
 // sentinel and the offset the fast encoder reports (only the choice between
-// several duplicate names may differ).
+// several duplicate names may differ). Value pointers do not change the
+// encoding; refValues reads their values.
 func refEncode(h *Hasher, in []byte) (enc []byte, err error) {
 	if len(in) > h.maxSize {
 		return nil, &Error{Offset: h.maxSize, Err: ErrTooLarge}
@@ -41,10 +43,63 @@ func refEncode(h *Hasher, in []byte) (enc []byte, err error) {
 	return enc, nil
 }
 
+// refValues is the reference of SumValues: it parses in with refEncode's
+// parser and returns, for each value pointer, the decoded string or the
+// value's text compacted by encoding/json, and the JSON type.
+func refValues(h *Hasher, in []byte) ([]Value, error) {
+	if in == nil {
+		if len(h.vptrs) == 0 {
+			return nil, nil
+		}
+		return nil, &ValueError{Pointer: h.vptrs[0], Tombstone: true}
+	}
+	if len(in) > h.maxSize {
+		return nil, &Error{Offset: h.maxSize, Err: ErrTooLarge}
+	}
+	n := len(h.vptrs)
+	p := &refParser{h: h, in: in, spans: make([][2]int, n), found: make([]bool, n)}
+	if _, err := p.value(nil, nil); err != nil {
+		return nil, err
+	}
+	if p.ws(); p.pos < len(in) {
+		return nil, &Error{Offset: p.pos, Err: ErrTrailingData}
+	}
+	vals := make([]Value, n)
+	for i := range vals {
+		if !p.found[i] {
+			return nil, &ValueError{Pointer: h.vptrs[i]}
+		}
+		raw := in[p.spans[i][0]:p.spans[i][1]]
+		kinds := map[byte]Kind{'"': KindString, '{': KindObject, '[': KindArray, 't': KindBool, 'f': KindBool, 'n': KindNull}
+		k, ok := kinds[raw[0]]
+		if !ok {
+			k = KindNumber
+		}
+		if k == KindString {
+			q := &refParser{h: h, in: raw}
+			s, err := q.str()
+			if err != nil {
+				panic(err)
+			}
+			vals[i] = Value{s, k}
+			continue
+		}
+		var b bytes.Buffer
+		if err := json.Compact(&b, raw); err != nil {
+			panic(err)
+		}
+		vals[i] = Value{b.Bytes(), k}
+	}
+	return vals, nil
+}
+
 type refParser struct {
 	h   *Hasher
 	in  []byte
 	pos int
+	// spans[i] is the input span of the value at value pointer i, if found.
+	spans [][2]int
+	found []bool
 }
 
 // refStep is one step of a path: a member name or an array index.
@@ -80,7 +135,7 @@ func refAt(toks []token, path []refStep, star bool) bool {
 }
 
 func (p *refParser) ignored(path []refStep) bool {
-	for _, toks := range p.h.ptrs {
+	for _, toks := range p.h.ptrs[:p.h.nIgnore] {
 		if refAt(toks, path, true) {
 			return true
 		}
@@ -92,6 +147,17 @@ func (p *refParser) ignored(path []refStep) bool {
 // containers stack ('a' or 'o' each).
 func (p *refParser) value(path []refStep, stack []byte) ([]byte, error) {
 	p.ws()
+	start := p.pos
+	enc, err := p.scalarOrContainer(path, stack)
+	for i, toks := range p.h.ptrs[p.h.nIgnore:] {
+		if err == nil && p.found != nil && refAt(toks, path, false) {
+			p.spans[i], p.found[i] = [2]int{start, p.pos}, true
+		}
+	}
+	return enc, err
+}
+
+func (p *refParser) scalarOrContainer(path []refStep, stack []byte) ([]byte, error) {
 	if p.pos >= len(p.in) {
 		return nil, refErr(p.pos, ErrSyntax)
 	}
