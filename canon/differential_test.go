@@ -135,6 +135,7 @@ var seqHashers = []struct {
 	{"depth 3", []Option{WithMaxDepth(3)}},
 	{"size 64", []Option{WithMaxSize(64)}},
 	{"all", []Option{WithIgnore("/id", "/*/ts", "/1"), WithMaxDepth(5), WithMaxSize(512)}},
+	{"values", []Option{WithIgnore("/ts", "/*/note"), WithValues("/id", "/0/id", "/a/sku")}},
 }
 
 // seqSep separates the documents of a FuzzSequence input: the record
