@@ -613,5 +613,11 @@ func printTable(w io.Writer, o options, rs []result) {
 	if p, ok := byName["dam-pointer"]; ok {
 		x := p.rate() / d.rate()
 		fmt.Fprintf(w, "  entity /id >= 0.9x key %7.2fx  %s  (dam-pointer vs dam, same data)\n", x, verdict(x >= 0.9))
+		// CPU per record is steadier than a rate on a busy machine.
+		perRecord := func(r result) float64 {
+			return float64(r.cpu.Microseconds()) / float64(r.records+r.steadyN)
+		}
+		fmt.Fprintf(w, "  dam CPU per record: entity key %.1f µs, entity /id %.1f µs (%.2fx)\n",
+			perRecord(d), perRecord(p), perRecord(p)/perRecord(d))
 	}
 }
