@@ -30,26 +30,24 @@
 // (testdata/digests.txt pins it).
 //
 // Prediction. The records of a topic repeat a few shapes, so the pooled
-// parse state keeps recent object shapes: the first 8 bytes of each
-// member name, in input order, and the members' sorted order. An object
-// predicts the shape of the last object closed in its container (the
-// previous element of an array; the previous record for the top-level
-// object) or, when it is the first object there, of the last object whose
-// first name began with the same four bytes. While the input holds the
-// predicted names (of up to 6 bytes, compared as one masked word) with
-// plain scalar values, members are parsed through fixed 64-byte windows
-// (predict.go), and an object whose n name prefixes all equal a cached
-// shape's is put in order by the cached permutation instead of sorted.
-// A prediction decides which code runs, never the result: every
-// predicted name is compared with the input byte for byte; another name,
-// a value that is not a plain scalar, whitespace, or an ignore pointer
-// applying to the object hands over to the general loop at the last whole
-// member (which finds any error); only
-// shapes with pairwise distinct prefixes are cached, which makes the
-// prefixes decide the order and rules out duplicate names. Golden
-// digests, a plain reference encoder and a fuzz target that feeds
-// sequences of documents through one state check that no output depends
-// on earlier inputs.
+// parse state keeps recent object shapes: the first 8 bytes of each member
+// name, in input order, and the members' sorted order. An object predicts
+// the shape of the last object closed in its container (the previous
+// element of an array; the previous record for the top-level object) or,
+// when it is the first object there, of the last object whose first name
+// began with the same four bytes. While the input holds the predicted names
+// (of up to 6 bytes, compared as one masked word) with plain scalar values,
+// members are parsed through fixed 64-byte windows (predict.go), and an
+// object whose n name prefixes all equal a cached shape's is put in order
+// by the cached permutation instead of sorted. A prediction decides which
+// code runs, never the result: every predicted name is compared with the
+// input byte for byte; another name, a value that is not a plain scalar,
+// whitespace, or a pointer applying to the object hands over to the general
+// loop at the last whole member (which finds any error); only shapes with
+// pairwise distinct prefixes are cached, which makes the prefixes decide
+// the order and rules out duplicate names. Golden digests, a plain
+// reference encoder and a fuzz target that feeds sequences of documents
+// through one state check that no output depends on earlier inputs.
 //
 // Values. A Hasher built WithValues also reads, in the same pass, the
 // values at up to MaxValues RFC 6901 pointers (no wildcard), for a
