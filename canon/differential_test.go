@@ -53,7 +53,7 @@ func TestReferenceGoldenFile(t *testing.T) {
 				continue
 			}
 			if err := checkReference(h, st, gl.doc); err != nil {
-				t.Errorf("%s:%d (hasher %s): %.80q: %v", goldenPath, gl.n, b.spec, gl.doc, err)
+				t.Errorf("%s:%d (%s): %.80q: %v", goldenPath, gl.n, b.hasher(), gl.doc, err)
 				continue
 			}
 			if want, err := refEncode(h, gl.doc); err == nil {

@@ -42,6 +42,9 @@ type goldenBlock struct {
 	lines []goldenLine
 }
 
+// hasher returns the block's "hasher" line.
+func (b goldenBlock) hasher() string { return strings.TrimSpace("hasher " + b.spec) }
+
 // parseHasherSpec parses the options of a "hasher" line:
 // ignore=PTR (repeatable), max_depth=N, max_size=N, format=json|bytes.
 func parseHasherSpec(spec string) ([]Option, error) {
@@ -162,8 +165,8 @@ func TestGoldenDigests(t *testing.T) {
 			got := goldenResult(shared.Sum(gl.doc))
 			fresh := goldenResult(mustNew(t, b.opts...).Sum(gl.doc))
 			if got != fresh {
-				t.Errorf("%s:%d (hasher %s): %s after the block's earlier documents, %s from a fresh hasher",
-					goldenPath, gl.n, b.spec, got, fresh)
+				t.Errorf("%s:%d (%s): %s after the block's earlier documents, %s from a fresh hasher",
+					goldenPath, gl.n, b.hasher(), got, fresh)
 			}
 			if gl.result == "" {
 				if !*goldenFill {
@@ -175,11 +178,11 @@ func TestGoldenDigests(t *testing.T) {
 				continue
 			}
 			if fresh != gl.result || got != gl.result {
-				t.Errorf("%s:%d (hasher %s): document %.80q\n\tgot  %s\n\twant %s\n"+
+				t.Errorf("%s:%d (%s): document %.80q\n\tgot  %s\n\twant %s\n"+
 					"A stored digest must never change: dam compares every new record with digests stored "+
 					"by earlier versions. Revert the change of encoding or validity; a new encoding needs "+
 					"a new scheme byte (a new Scheme in digest.go), never a new digest under scheme 1.",
-					goldenPath, gl.n, b.spec, gl.doc, fresh, gl.result)
+					goldenPath, gl.n, b.hasher(), gl.doc, fresh, gl.result)
 			}
 		}
 	}
@@ -197,7 +200,7 @@ func TestGoldenDigests(t *testing.T) {
 				continue
 			}
 			if got := goldenResult(d, err); got != gl.result {
-				t.Errorf("%s:%d (hasher %s, value /id): SumValues gives %s, want %s", goldenPath, gl.n, b.spec, got, gl.result)
+				t.Errorf("%s:%d (%s, value /id): SumValues gives %s, want %s", goldenPath, gl.n, b.hasher(), got, gl.result)
 			}
 		}
 	}
