@@ -11,9 +11,9 @@
 //   - dam-pointer: the same, with the entity read from the value
 //     (entity: /id, which holds the same string as the key), to compare
 //     a pointer entity with the key on the same data. By default both dam
-//     variants run twice, in both orders (a run is slowed by the one
-//     before it: checkpoints, autovacuum), and their ratio is taken over
-//     all their runs.
+//     variants run twice, in both orders (single runs are noisy on a
+//     shared machine, and the order cancels a drift along the benchmark),
+//     and their ratio is taken over all their runs.
 //
 // Each variant gets a fresh in-process kfake cluster with the input
 // pre-produced, then runs as its own process (passthrough and naive are
