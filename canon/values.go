@@ -74,9 +74,11 @@ func kindOf(c byte) Kind {
 // JSON text without whitespace (see Value). It appends the values' bytes
 // to dst in the order of the pointers, sets vals[i] to value i (its Bytes
 // a slice of the returned buffer, capacity capped), and returns the
-// extended buffer. len(vals) must be the number of value pointers. It
-// allocates nothing but dst's growth: a caller may keep one buffer as an
-// arena for many records, or pass nil to get each record's own.
+// extended buffer. len(vals) must be the number of value pointers (it
+// panics otherwise). It allocates nothing but dst's growth: a caller may
+// append many records' values to one buffer (an arena: earlier values
+// stay valid), reuse it as dst[:0] (which overwrites them), or pass nil
+// to get each record's own.
 //
 // A pointer that names nothing in a valid value is a *ValueError wrapping
 // ErrNoValue; so is a nil value (a tombstone has no values). An invalid
