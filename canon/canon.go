@@ -26,7 +26,38 @@
 //
 // Every value starts with a tag and every variable part carries its
 // length, so distinct trees never share an encoding. The encoding is
-// persisted through the digests: never change it without a new Scheme.
+// persisted through the digests: never change it without a new Scheme
+// (testdata/digests.txt pins it).
+//
+// Prediction. The records of a topic repeat a few shapes, so the pooled
+// parse state keeps recent object shapes: the first 8 bytes of each member
+// name, in input order, and the members' sorted order. An object predicts
+// the shape of the last object closed in its container (the previous
+// element of an array; the previous record for the top-level object) or,
+// when it is the first object there, of the last object whose first name
+// began with the same four bytes. While the input holds the predicted names
+// (of up to 6 bytes, compared as one masked word) with plain scalar values,
+// members are parsed through fixed 64-byte windows (predict.go), and an
+// object whose n name prefixes all equal a cached shape's is put in order
+// by the cached permutation instead of sorted. A prediction decides which
+// code runs, never the result: every predicted name is compared with the
+// input byte for byte; another name, a value that is not a plain scalar,
+// whitespace, or a pointer applying to the object hands over to the general
+// loop at the last whole member (which finds any error); only shapes with
+// pairwise distinct prefixes are cached, which makes the prefixes decide
+// the order and rules out duplicate names. Golden digests, a plain
+// reference encoder and a fuzz target that feeds sequences of documents
+// through one state check that no output depends on earlier inputs.
+//
+// Values. A Hasher built WithValues also reads, in the same pass, the
+// values at up to MaxValues RFC 6901 pointers (no wildcard), for a
+// route's identity inside the record (entity: /banana_id), a message id
+// or a version: SumValues appends a string's decoded bytes, or any other
+// value's JSON text without whitespace, to the caller's buffer and says
+// which Kind it was. The value comes from the parser that validates the
+// record, so invalid JSON (invalid UTF-8 and lone surrogates included) is
+// an error, never a mangled identity. On FormatBytes a value is parsed for
+// that, and the digest stays the raw bytes'. Values never change a digest.
 //
 // Limits: nesting depth (default 128) and size (default 1 MiB); memory is
 // proportional to the input, and no input panics or exhausts the stack. A
@@ -52,8 +83,11 @@ type Hasher struct {
 	format   Format
 	maxDepth int
 	maxSize  int
-	ptrs     [][]token
-	all      uint64 // bit set of every pointer
+	ptrs     [][]token // the ignore pointers, then the value pointers
+	all      uint64    // bit set of every pointer
+	values   uint64    // bit set of the value pointers
+	nIgnore  int       // the bit of value pointer i is nIgnore+i
+	vptrs    []string  // the value pointers as given
 	pool     sync.Pool
 }
 
@@ -75,14 +109,22 @@ func New(opts ...Option) (*Hasher, error) {
 	if len(o.ignore) > MaxIgnore {
 		return nil, errorf("canon: %d ignore pointers: at most %d", len(o.ignore), MaxIgnore)
 	}
-	h := &Hasher{format: o.format, maxDepth: o.maxDepth, maxSize: o.maxSize}
-	for i, p := range o.ignore {
-		toks, err := compilePointer(p)
+	if len(o.values) > MaxValues {
+		return nil, errorf("canon: %d value pointers: at most %d", len(o.values), MaxValues)
+	}
+	h := &Hasher{format: o.format, maxDepth: o.maxDepth, maxSize: o.maxSize, nIgnore: len(o.ignore)}
+	for i, p := range append(o.ignore[:len(o.ignore):len(o.ignore)], o.values...) {
+		value := i >= len(o.ignore)
+		toks, err := compilePointer(p, value)
 		if err != nil {
 			return nil, err
 		}
 		h.ptrs = append(h.ptrs, toks)
 		h.all |= 1 << uint(i)
+		if value {
+			h.values |= 1 << uint(i)
+			h.vptrs = append(h.vptrs, p)
+		}
 	}
 	h.pool.New = func() any { return new(state) }
 	return h, nil
@@ -103,17 +145,17 @@ func (h *Hasher) Sum(value []byte) (Digest, error) {
 	if value == nil {
 		return Tombstone, nil
 	}
-	if len(value) > h.maxSize {
-		return d, &Error{Offset: h.maxSize, Err: ErrTooLarge, Detail: sizeDetail(len(value), h.maxSize)}
-	}
 	if h.format == FormatBytes {
+		if len(value) > h.maxSize {
+			return d, tooLarge(h, value)
+		}
 		d[0] = byte(SchemeBytes1)
 		sum := sha256.Sum256(value)
 		copy(d[1:], sum[:])
 		return d, nil
 	}
 	st := h.pool.Get().(*state)
-	err := st.encode(h, value)
+	err := h.encode(st, value)
 	if err == nil {
 		d[0] = byte(SchemeJSON1)
 		sum := sha256.Sum256(st.out)
@@ -131,18 +173,31 @@ func (h *Hasher) AppendCanonical(dst, value []byte) ([]byte, error) {
 	if value == nil {
 		return append(dst, "(tombstone)"...), nil
 	}
-	if len(value) > h.maxSize {
-		return dst, &Error{Offset: h.maxSize, Err: ErrTooLarge, Detail: sizeDetail(len(value), h.maxSize)}
-	}
 	if h.format == FormatBytes {
+		if len(value) > h.maxSize {
+			return dst, tooLarge(h, value)
+		}
 		return append(dst, value...), nil
 	}
 	st := h.pool.Get().(*state)
 	defer h.put(st)
-	if err := st.encode(h, value); err != nil {
+	if err := h.encode(st, value); err != nil {
 		return dst, err
 	}
 	return appendText(dst, st.out), nil
+}
+
+// encode leaves the canonical encoding of a JSON value in st.out. The
+// tests call it with their own state to see the encoded bytes.
+func (h *Hasher) encode(st *state, value []byte) error {
+	if len(value) > h.maxSize {
+		return tooLarge(h, value)
+	}
+	return st.encode(h, value)
+}
+
+func tooLarge(h *Hasher, value []byte) error {
+	return &Error{Offset: h.maxSize, Err: ErrTooLarge, Detail: sizeDetail(len(value), h.maxSize)}
 }
 
 func (h *Hasher) put(st *state) {

@@ -8,7 +8,8 @@ import (
 
 // Sentinel errors. A failed Sum returns an *Error whose Err is one of the
 // first six; New and ValidatePointer return a *PointerError wrapping
-// ErrInvalidPointer.
+// ErrInvalidPointer; SumValues returns a *ValueError wrapping ErrNoValue
+// for a value it cannot find.
 var (
 	// ErrSyntax: the input is not JSON (RFC 8259 grammar, including a BOM).
 	ErrSyntax = errors.New("canon: syntax error")
@@ -22,8 +23,10 @@ var (
 	ErrTooLarge = errors.New("canon: value too large")
 	// ErrTrailingData: something other than whitespace follows the value.
 	ErrTrailingData = errors.New("canon: data after the top-level value")
-	// ErrInvalidPointer: an ignore pointer is not a valid RFC 6901 pointer.
-	ErrInvalidPointer = errors.New("canon: invalid ignore pointer")
+	// ErrInvalidPointer: an ignore or value pointer is not acceptable.
+	ErrInvalidPointer = errors.New("canon: invalid pointer")
+	// ErrNoValue: a value pointer names nothing in a valid value.
+	ErrNoValue = errors.New("canon: no value at pointer")
 )
 
 // Error reports invalid input: where it is and which sentinel it is.
@@ -54,7 +57,7 @@ func (e *Error) Reason() string {
 // Unwrap returns the sentinel, for errors.Is.
 func (e *Error) Unwrap() error { return e.Err }
 
-// PointerError reports an invalid ignore pointer.
+// PointerError reports an invalid ignore or value pointer.
 type PointerError struct {
 	// Pointer is the rejected pointer as given.
 	Pointer string
@@ -62,12 +65,39 @@ type PointerError struct {
 	Offset int
 	// Reason says what is wrong.
 	Reason string
+	// Value is true for a value pointer (WithValues), false for an
+	// ignore pointer.
+	Value bool
 }
 
-// Error returns e.g. `canon: ignore pointer "/a~2": invalid escape "~2" at byte 2`.
+// Error returns e.g. `canon: ignore pointer "/a~2": invalid escape "~2" at
+// byte 2`, or `canon: value pointer ...`.
 func (e *PointerError) Error() string {
-	return fmt.Sprintf("canon: ignore pointer %q: %s", e.Pointer, e.Reason)
+	kind := "ignore"
+	if e.Value {
+		kind = "value"
+	}
+	return fmt.Sprintf("canon: %s pointer %q: %s", kind, e.Pointer, e.Reason)
 }
 
 // Unwrap returns ErrInvalidPointer.
 func (e *PointerError) Unwrap() error { return ErrInvalidPointer }
+
+// ValueError reports that a value pointer names nothing in a valid value.
+type ValueError struct {
+	// Pointer is the value pointer, as given to WithValues.
+	Pointer string
+	// Tombstone is true when the value was nil (a Kafka tombstone).
+	Tombstone bool
+}
+
+// Error returns e.g. `canon: no value at "/banana_id"`.
+func (e *ValueError) Error() string {
+	if e.Tombstone {
+		return fmt.Sprintf("canon: tombstone has no value at %q", e.Pointer)
+	}
+	return fmt.Sprintf("canon: no value at %q", e.Pointer)
+}
+
+// Unwrap returns ErrNoValue.
+func (e *ValueError) Unwrap() error { return ErrNoValue }

@@ -1,6 +1,7 @@
 package canon_test
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/dam-dedup/dam/canon"
@@ -52,4 +53,26 @@ func ExampleHasher_AppendCanonical() {
 	//     "é"
 	//   ]
 	// }
+}
+
+func ExampleHasher_SumValues() {
+	// A route whose entity is a member of the value (entity: /banana_id),
+	// which also reads a version, in the pass that computes the digest.
+	h, err := canon.New(canon.WithIgnore("/updated_at"), canon.WithValues("/banana_id", "/version"))
+	if err != nil {
+		panic(err)
+	}
+	var vals [2]canon.Value
+	var arena []byte // reused for every record: no allocation once grown
+	d, arena, err := h.SumValues([]byte(`{"banana_id":"B-\u0030\u00307","version":42,"updated_at":"2026-11-21"}`), arena[:0], vals[:])
+	fmt.Printf("%q %v, %s %v, %v\n", vals[0].Bytes, vals[0].Kind, vals[1].Bytes, vals[1].Kind, err)
+	plain, _ := canon.New(canon.WithIgnore("/updated_at"))
+	same, _ := plain.Sum([]byte(`{"version":42,"banana_id":"B-007"}`))
+	fmt.Println(d == same)
+	_, _, err = h.SumValues([]byte(`{"version":43}`), arena[:0], vals[:])
+	fmt.Println(err, errors.Is(err, canon.ErrNoValue))
+	// Output:
+	// "B-007" string, 42 number, <nil>
+	// true
+	// canon: no value at "/banana_id" true
 }

@@ -3,8 +3,6 @@ package canon
 import (
 	"fmt"
 	"strconv"
-	"strings"
-	"unicode/utf8"
 )
 
 // Defaults for the limits.
@@ -16,8 +14,11 @@ const (
 	// MaxSize is the largest accepted WithMaxSize (offsets are 32-bit).
 	MaxSize = 1 << 30
 	// MaxIgnore is the largest number of ignore pointers one Hasher takes
-	// (they are matched as a bit set).
-	MaxIgnore = 64
+	// (with the value pointers, they are matched as one 64-bit set).
+	MaxIgnore = 64 - MaxValues
+	// MaxValues is the largest number of value pointers (WithValues) one
+	// Hasher takes.
+	MaxValues = 8
 )
 
 // Format selects how a value is hashed.
@@ -55,6 +56,7 @@ func ParseFormat(s string) (Format, error) {
 
 type options struct {
 	ignore   []string
+	values   []string
 	maxDepth int
 	maxSize  int
 	format   Format
@@ -70,6 +72,15 @@ func WithIgnore(ptrs ...string) Option {
 	return func(o *options) { o.ignore = append(o.ignore, ptrs...) }
 }
 
+// WithValues makes SumValues read the values at these RFC 6901 pointers
+// in the same pass as the hash: a route's entity ("/banana_id"), a
+// message id, a version. Each pointer names one value: "*" is not a
+// wildcard here and is rejected. A value pointer may point into an
+// ignored member. Values do not change the digest.
+func WithValues(ptrs ...string) Option {
+	return func(o *options) { o.values = append(o.values, ptrs...) }
+}
+
 // WithMaxDepth sets the maximum nesting of arrays and objects (default 128).
 func WithMaxDepth(n int) Option { return func(o *options) { o.maxDepth = n } }
 
@@ -78,59 +89,3 @@ func WithMaxSize(n int) Option { return func(o *options) { o.maxSize = n } }
 
 // WithFormat selects the format (default FormatJSON).
 func WithFormat(f Format) Option { return func(o *options) { o.format = f } }
-
-// token is one reference token of a compiled pointer.
-type token struct {
-	name  string // decoded (~0, ~1) member name
-	star  bool   // "*": any member or index
-	index int    // array index the token also matches, or -1
-}
-
-// ValidatePointer reports whether p is an acceptable ignore pointer: an
-// RFC 6901 pointer other than "" (which would ignore the whole value), in
-// valid UTF-8, where every "~" is followed by "0" or "1".
-func ValidatePointer(p string) error {
-	_, err := compilePointer(p)
-	return err
-}
-
-func compilePointer(p string) ([]token, error) {
-	perr := func(off int, reason string) error {
-		return &PointerError{Pointer: p, Offset: off, Reason: reason}
-	}
-	if p == "" {
-		return nil, perr(0, "empty pointer would ignore the whole value")
-	}
-	if p[0] != '/' {
-		return nil, perr(0, `must start with "/"`)
-	}
-	if !utf8.ValidString(p) {
-		return nil, perr(0, "invalid UTF-8")
-	}
-	for i := 0; i < len(p); i++ {
-		if p[i] != '~' {
-			continue
-		}
-		if i+1 >= len(p) || (p[i+1] != '0' && p[i+1] != '1') {
-			esc := p[i:min(i+2, len(p))]
-			return nil, perr(i, fmt.Sprintf("invalid escape %q at byte %d", esc, i))
-		}
-	}
-	parts := strings.Split(p[1:], "/")
-	toks := make([]token, len(parts))
-	for i, raw := range parts {
-		t := token{index: -1}
-		if raw == "*" {
-			t.star = true
-		}
-		t.name = strings.NewReplacer("~1", "/", "~0", "~").Replace(raw)
-		// RFC 6901 array indexes: "0" or digits without a leading zero.
-		if len(raw) > 0 && len(raw) <= 9 && (raw == "0" || raw[0] != '0') {
-			if n, err := strconv.Atoi(raw); err == nil && n >= 0 && raw[0] != '+' && raw[0] != '-' {
-				t.index = n
-			}
-		}
-		toks[i] = t
-	}
-	return toks, nil
-}

@@ -2,9 +2,12 @@
 // results against same-run baselines (`make bench`):
 //
 //   - canon: BenchmarkSum (canon vs the naive decode/re-marshal hash and vs a
-//     plain SHA-256 of the bytes), medians over -count runs;
+//     plain SHA-256 of the bytes, and SumValues reading an entity in the
+//     same pass vs Sum), medians over -count runs;
 //   - dedup: BenchmarkDecide (batched Decide vs the per-record CAS), medians;
-//   - end to end: the internal/e2ebench program (passthrough, naive, dam);
+//   - end to end: the internal/e2ebench program (passthrough, naive, dam
+//     with entity: key, dam-pointer with entity: /id), which prints its
+//     ratios, the pointer route's vs the key route's among them.
 //   - dam serve: the internal/servebench program (open-loop load at rising
 //     request rates; the highest rate held with p99 under 250 ms).
 //
@@ -174,7 +177,7 @@ func verdict(ok bool) string {
 // printCanon prints the canon table; false if a result is missing.
 func printCanon(w io.Writer, r results) bool {
 	complete := true
-	fmt.Fprintf(w, "%-6s %12s %12s %12s %12s %13s %13s\n", "size", "canon MB/s", "naive MB/s", "sha256 MB/s", "canon/naive", "canon/sha256", "canon allocs")
+	fmt.Fprintf(w, "%-6s %12s %12s %12s %12s %13s %13s %13s\n", "size", "canon MB/s", "naive MB/s", "sha256 MB/s", "canon/naive", "canon/sha256", "canon allocs", "values/canon")
 	var target struct{ naive, sha, allocs float64 }
 	found2KB := false
 	for _, size := range []string{"200B", "2KB", "64KB"} {
@@ -187,7 +190,11 @@ func printCanon(w io.Writer, r results) bool {
 			complete = false
 			continue
 		}
-		fmt.Fprintf(w, "%-6s %12.1f %12.1f %12.1f %11.1fx %12.2fx %13.0f\n", size, c, n, s, c/n, c/s, a)
+		values := "-" // SumValues reading /banana_id, vs Sum
+		if v, ok := r.median("BenchmarkSum/"+size+"/values", "MB/s"); ok {
+			values = fmt.Sprintf("%.2fx", v/c)
+		}
+		fmt.Fprintf(w, "%-6s %12.1f %12.1f %12.1f %11.1fx %12.2fx %13.0f %13s\n", size, c, n, s, c/n, c/s, a, values)
 		if size == "2KB" {
 			found2KB = true
 			target.naive, target.sha, target.allocs = c/n, c/s, a

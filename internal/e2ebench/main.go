@@ -6,7 +6,14 @@
 //   - naive: the seeds' design, per record a hash, an autocommit CAS
 //     statement in PostgreSQL, a produce if forwarded and a synchronous
 //     offset commit; run on a prefix of the stream (-naive-records);
-//   - dam: the real binary, `dam run`, on its own fresh schema.
+//   - dam: the real binary, `dam run`, on its own fresh schema, with the
+//     route's entity the record key (entity: key);
+//   - dam-pointer: the same, with the entity read from the value
+//     (entity: /id, which holds the same string as the key), to compare
+//     a pointer entity with the key on the same data. By default both dam
+//     variants run twice, in both orders (single runs are noisy on a
+//     shared machine, and the order cancels a drift along the benchmark),
+//     and their ratio is taken over all their runs.
 //
 // Each variant gets a fresh in-process kfake cluster with the input
 // pre-produced, then runs as its own process (passthrough and naive are
@@ -78,7 +85,8 @@ func main() {
 	flag.DurationVar(&o.steady, "steady", 5*time.Second, "duration of the steady phase")
 	flag.Float64Var(&o.dupRate, "dup-rate", 0.30, "share of records repeating their entity's content")
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $"+envDSN+", else "+defaultDSN+", else a throwaway local cluster)")
-	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam", "variants to run")
+	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam,dam-pointer,dam-pointer,dam",
+		"variants to run, in order (dam-pointer: dam with entity: /id; the two dam routes run in both orders)")
 	flag.IntVar(&o.batchSize, "batch-size", 0, "dam pipeline.batch_size (0: dam's default)")
 	flag.IntVar(&o.maxInFlight, "max-in-flight", 0, "dam pipeline.max_in_flight (0: dam's default)")
 	flag.IntVar(&o.maxConns, "max-conns", 0, "dam postgres.max_conns (0: dam's default)")
@@ -196,7 +204,7 @@ func postgres(ctx context.Context, dsn string) (string, func(), error) {
 // freshSchema creates an empty schema and returns a DSN selecting it and a
 // function dropping it.
 func freshSchema(ctx context.Context, base, variant string) (string, func(), error) {
-	schema := fmt.Sprintf("e2ebench_%s_%d", variant, time.Now().UnixNano())
+	schema := fmt.Sprintf("e2ebench_%s_%d", strings.ReplaceAll(variant, "-", "_"), time.Now().UnixNano())
 	exec := func(sql string) error {
 		conn, err := pgx.Connect(ctx, base)
 		if err != nil {
@@ -420,9 +428,13 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 
 	var cmd *exec.Cmd
 	var childOut strings.Builder
-	if variant == "dam" {
+	if isDam(variant) {
+		entity := "key"
+		if variant == "dam-pointer" {
+			entity = "/id"
+		}
 		cfgPath := filepath.Join(tmp, "dam.yaml")
-		if err := os.WriteFile(cfgPath, []byte(damConfig(o, broker, dsn, httpAddr, in, out)), 0o600); err != nil {
+		if err := os.WriteFile(cfgPath, []byte(damConfig(o, broker, dsn, httpAddr, in, out, entity)), 0o600); err != nil {
 			return res, err
 		}
 		cmd = exec.Command(o.damBin, "run", "--config", cfgPath)
@@ -507,7 +519,7 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 		return res, err
 	}
 	stopProc()
-	if variant != "dam" {
+	if !isDam(variant) {
 		var q quantiles
 		if err := json.Unmarshal([]byte(strings.TrimSpace(childOut.String())), &q); err == nil {
 			logf("%s: child's own quantiles over the whole run: count %.0f p50 %s p99 %s", variant, q.Count, ms(q.P50), ms(q.P99))
@@ -516,7 +528,10 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 	return res, nil
 }
 
-func damConfig(o options, broker, dsn, httpAddr, in, out string) string {
+// isDam reports whether the variant runs the dam binary.
+func isDam(variant string) bool { return variant == "dam" || variant == "dam-pointer" }
+
+func damConfig(o options, broker, dsn, httpAddr, in, out, entity string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kafka:\n  brokers: [%q]\n  group: %s\n  start: earliest\n", broker, group)
 	fmt.Fprintf(&b, "postgres:\n  dsn: %q\n  migrate: true\n", dsn)
@@ -533,7 +548,7 @@ func damConfig(o options, broker, dsn, httpAddr, in, out string) string {
 			fmt.Fprintf(&b, "  max_in_flight: %d\n", o.maxInFlight)
 		}
 	}
-	fmt.Fprintf(&b, "routes:\n  - service: e2e\n    from: %s\n    to: %s\n", in, out)
+	fmt.Fprintf(&b, "routes:\n  - service: e2e\n    from: %s\n    to: %s\n    entity: %q\n", in, out, entity)
 	return b.String()
 }
 
@@ -555,9 +570,18 @@ func verdict(ok bool) string {
 }
 
 func printTable(w io.Writer, o options, rs []result) {
-	byName := map[string]result{}
+	byName := map[string]result{} // a variant's first run
+	total := map[string]result{}  // the sums over a variant's runs
 	for _, r := range rs {
-		byName[r.variant] = r
+		if _, ok := byName[r.variant]; !ok {
+			byName[r.variant] = r
+		}
+		t := total[r.variant]
+		t.records += r.records
+		t.elapsed += r.elapsed
+		t.steadyN += r.steadyN
+		t.cpu += r.cpu
+		total[r.variant] = t
 	}
 	ratio := func(r result, base string) string {
 		b, ok := byName[base]
@@ -599,4 +623,15 @@ func printTable(w io.Writer, o options, rs []result) {
 	}
 	fmt.Fprintf(w, "  p99 (steady) < 100 ms %9s  %s\n", ms(d.steady.P99), verdict(d.steady.P99 < 0.1))
 	fmt.Fprintf(w, "  peak RSS < 200 MB     %7.1fMB  %s\n", float64(d.rssKB)/1024, verdict(d.rssKB < 200*1024))
+	if p, ok := total["dam-pointer"]; ok {
+		d := total["dam"]
+		x := p.rate() / d.rate()
+		fmt.Fprintf(w, "  entity /id >= 0.9x key %7.2fx  %s  (dam-pointer vs dam, same data, over all their runs)\n", x, verdict(x >= 0.9))
+		// CPU per record is steadier than a rate on a busy machine.
+		perRecord := func(r result) float64 {
+			return float64(r.cpu.Microseconds()) / float64(r.records+r.steadyN)
+		}
+		fmt.Fprintf(w, "  dam CPU per record: entity key %.1f µs, entity /id %.1f µs (%.2fx)\n",
+			perRecord(d), perRecord(p), perRecord(p)/perRecord(d))
+	}
 }

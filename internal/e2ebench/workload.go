@@ -8,7 +8,8 @@ import (
 )
 
 // workload generates the input stream deterministically: records keyed by
-// entity id, each a ~500 B nested JSON projection. With probability dupRate
+// entity id, each a ~500 B nested JSON projection that also holds the key
+// at /id (for the dam-pointer variant). With probability dupRate
 // an entity already seen repeats its previous content with its members in
 // another order (a duplicate for dam); otherwise its content changes.
 type workload struct {
@@ -28,8 +29,9 @@ func (w *workload) next() (key, value []byte) {
 	if w.version[e] == 0 || w.rng.Float64() >= w.dupRate {
 		w.version[e]++
 	}
-	key = []byte(fmt.Sprintf("entity-%06d", e))
-	value = w.render(e, w.version[e], w.rng.Uint64())
+	id := fmt.Sprintf("entity-%06d", e)
+	key = []byte(id)
+	value = w.render(e, id, w.version[e], w.rng.Uint64())
 	return key, value
 }
 
@@ -39,9 +41,10 @@ type member struct {
 	value func()
 }
 
-// render writes entity e's content at version v; order seeds the member
-// order of every object (content is independent of it).
-func (w *workload) render(e int, v uint32, order uint64) []byte {
+// render writes entity e's content at version v, its id (the record key)
+// at /id; order seeds the member order of every object (content is
+// independent of it).
+func (w *workload) render(e int, id string, v uint32, order uint64) []byte {
 	w.buf.Reset()
 	ord := rand.New(rand.NewPCG(order, uint64(e)))
 	c := rand.New(rand.NewPCG(uint64(e), uint64(v))) // content
@@ -77,6 +80,7 @@ func (w *workload) render(e int, v uint32, order uint64) []byte {
 		})
 	}
 	obj([]member{
+		{"id", str(id)},
 		{"banana_id", str(fmt.Sprintf("B-%06d", e))},
 		{"name", str(fmt.Sprintf("Banana %d", e))},
 		{"ripeness_level", str(ripeness[c.IntN(len(ripeness))])},
