@@ -1,22 +1,23 @@
 package pipeline
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dam-dedup/dam/canon"
+	"github.com/dam-dedup/dam/config"
 )
 
 // errNoEntity is the reason recorded on a dead letter whose identity is
 // missing.
 var errNoEntity = errors.New("missing entity")
 
-// entityFunc extracts a record's identity. It returns errNoEntity (wrapped)
-// when the record has none: such a record is bad input, never a silent skip.
+// entityFunc extracts a record's identity from its key or a header. It
+// returns errNoEntity (wrapped) when the record has none: such a record is
+// bad input, never a silent skip. (A pointer entity is read by the route's
+// hasher, in the hashing pass: see route.identify.)
 type entityFunc func(r *kgo.Record) ([]byte, error)
 
 func keyEntity(r *kgo.Record) ([]byte, error) {
@@ -37,95 +38,58 @@ func headerEntity(name string) entityFunc {
 	}
 }
 
-// pointerEntity extracts the value at an RFC 6901 pointer. A string yields
-// its decoded bytes ("B-007"), any other value its compact JSON text, so
-// that 7 and "7" are different entities.
-func pointerEntity(ptr string) entityFunc {
-	tokens := splitPointer(ptr)
-	return func(r *kgo.Record) ([]byte, error) {
-		if r.Value == nil {
-			return nil, fmt.Errorf("%w: tombstone has no %s", errNoEntity, ptr)
-		}
-		raw, err := lookup(r.Value, tokens)
+// identify returns a record's identity and digest, or why it is bad
+// input. A pointer entity is read in the same pass as the digest
+// (canon.Hasher.SumValues): one parse, and the entity's exact bytes (a
+// string's decoded value, any other value's compact text), never a
+// re-encoding that would merge two entities; on a format: bytes route too,
+// where a value that is not JSON has no entity and is bad input.
+func (rt *route) identify(r *kgo.Record) ([]byte, canon.Digest, error) {
+	if rt.entity != nil {
+		entity, err := rt.entity(r)
 		if err != nil {
-			return nil, fmt.Errorf("%w at %s: %v", errNoEntity, ptr, err)
+			return nil, canon.Digest{}, err
 		}
-		if len(raw) > 0 && raw[0] == '"' {
-			var s string
-			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, fmt.Errorf("%w at %s: %v", errNoEntity, ptr, err)
-			}
-			return []byte(s), nil
-		}
-		var buf bytes.Buffer
-		if err := json.Compact(&buf, raw); err != nil {
-			return nil, fmt.Errorf("%w at %s: %v", errNoEntity, ptr, err)
-		}
-		return buf.Bytes(), nil
+		d, err := rt.hasher.Sum(r.Value)
+		return entity, d, err
 	}
+	var vals [1]canon.Value
+	d, _, err := rt.hasher.SumValues(r.Value, nil, vals[:])
+	if errors.Is(err, canon.ErrNoValue) {
+		return nil, canon.Digest{}, fmt.Errorf("%w: %w", errNoEntity, err)
+	}
+	if err != nil {
+		return nil, canon.Digest{}, err
+	}
+	return vals[0].Bytes, d, nil
 }
 
-func splitPointer(ptr string) []string {
-	parts := strings.Split(ptr, "/")[1:]
-	for i, p := range parts {
-		parts[i] = strings.NewReplacer("~1", "/", "~0", "~").Replace(p)
-	}
-	return parts
-}
+// Route is one configured route compiled as the sidecar runs it, for tools
+// that must see a record the way the sidecar decides it (dam explain).
+type Route struct{ rt *route }
 
-// lookup walks value along tokens with a streaming decoder, so that only
-// the path to the entity is decoded.
-func lookup(value []byte, tokens []string) (json.RawMessage, error) {
-	dec := json.NewDecoder(bytes.NewReader(value))
-	for depth, tok := range tokens {
-		t, err := dec.Token()
-		if err != nil {
-			return nil, err
-		}
-		switch t {
-		case json.Delim('{'):
-			found := false
-			for dec.More() {
-				k, err := dec.Token()
-				if err != nil {
-					return nil, err
-				}
-				if k.(string) == tok {
-					found = true
-					break
-				}
-				var skip json.RawMessage
-				if err := dec.Decode(&skip); err != nil {
-					return nil, err
-				}
-			}
-			if !found {
-				return nil, fmt.Errorf("no member %q at depth %d", tok, depth)
-			}
-		case json.Delim('['):
-			idx, err := strconv.Atoi(tok)
-			if err != nil || idx < 0 || (len(tok) > 1 && tok[0] == '0') {
-				return nil, fmt.Errorf("%q is not an array index", tok)
-			}
-			for i := 0; ; i++ {
-				if !dec.More() {
-					return nil, fmt.Errorf("index %d out of range", idx)
-				}
-				if i == idx {
-					break
-				}
-				var skip json.RawMessage
-				if err := dec.Decode(&skip); err != nil {
-					return nil, err
-				}
-			}
-		default:
-			return nil, fmt.Errorf("no container at depth %d", depth)
-		}
-	}
-	var raw json.RawMessage
-	if err := dec.Decode(&raw); err != nil {
+// CompileRoute compiles rc, which must come from a validated configuration
+// (config.Load or Config.Validate parse its entity).
+func CompileRoute(rc config.Route) (*Route, error) {
+	rt, err := compileRoute(rc)
+	if err != nil {
 		return nil, err
 	}
-	return raw, nil
+	return &Route{rt: rt}, nil
+}
+
+// Identify returns a record's identity and digest as the route decides
+// them, or why the record is bad input (it would be dead-lettered).
+func (r *Route) Identify(rec *kgo.Record) (entity []byte, digest canon.Digest, err error) {
+	return r.rt.identify(rec)
+}
+
+// Entity returns a record's identity alone: from its key or a header even
+// when its value is bad input, and from a pointer when the value has one.
+func (r *Route) Entity(rec *kgo.Record) ([]byte, error) {
+	if r.rt.entity != nil {
+		return r.rt.entity(rec)
+	}
+	entity, _, err := r.rt.identify(rec)
+	return entity, err
 }

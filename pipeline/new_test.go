@@ -51,3 +51,40 @@ func TestNewValidatesConfig(t *testing.T) {
 		t.Errorf("New with a transactional id in at-least-once mode: %v, want ErrConfig naming kafka.transactional_id", err)
 	}
 }
+
+// A pointer entity on a format: bytes route comes from canon's own pass:
+// two entities that differ only in invalid UTF-8 or a lone surrogate are
+// never merged (encoding/json turned both into U+FFFD: one identity, and
+// the second record was dropped as its duplicate); such values are not
+// JSON, so they have no entity and are dead-lettered. Valid entities that
+// differ stay apart.
+func TestPointerEntityOnBytesRoute(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out", "dlq")
+	dsn := pgtest.DSN(t)
+	rt := route("svc", "in", "out")
+	rt.Entity, rt.Format, rt.DeadLetter = "/id", "bytes", "dlq"
+	r := start(t, testConfig(t, kc, dsn, rt), openStore(t, dsn))
+	one(t, kc, "in",
+		&kgo.Record{Key: []byte("a"), Value: []byte("{\"id\":\"x\xff\",\"v\":1}")},   // invalid UTF-8
+		&kgo.Record{Key: []byte("b"), Value: []byte("{\"id\":\"x\xfe\",\"v\":1}")},   // another one
+		&kgo.Record{Key: []byte("c"), Value: []byte(`{"id":"x\ud800","v":1}`)},       // a lone surrogate
+		&kgo.Record{Key: []byte("d"), Value: []byte(`{"id":"\u00e9","v":1}`)},        // é, escaped
+		&kgo.Record{Key: []byte("e"), Value: []byte("{\"id\":\"\u00e9\",\"v\":1}")},  // é, raw: the same entity, other bytes
+		&kgo.Record{Key: []byte("f"), Value: []byte("{\"id\":\"e\u0301\",\"v\":1}")}) // e + combining accent: another entity
+	r.waitRecords("svc", 6)
+	got := byKey(kc.ReadAll("out"))
+	if len(got) != 3 || got["d"] == nil || got["e"] == nil || got["f"] == nil {
+		t.Errorf("forwarded %v; want d, e (same entity, other bytes: a change on a bytes route) and f", got)
+	}
+	dl := kc.ReadAll("dlq")
+	if len(dl) != 3 {
+		t.Fatalf("dead letters %s, want the three records whose entity is not valid text", dump(dl))
+	}
+	for _, d := range dl {
+		if h := headers(d)[pipeline.HeaderError]; !contains(h, "invalid") {
+			t.Errorf("dead letter %s: error %q", d.Key, h)
+		}
+	}
+	r.stop()
+}

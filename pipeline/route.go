@@ -39,7 +39,7 @@ type route struct {
 	// down (on_store_failure: forward) instead of pausing.
 	forwardUndecided bool
 	hasher           *canon.Hasher
-	entity           entityFunc
+	entity           entityFunc // key or header; nil: a pointer, read by the hasher
 }
 
 func compileRoute(rc config.Route) (*route, error) {
@@ -47,12 +47,17 @@ func compileRoute(rc config.Route) (*route, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := canon.New(
+	opts := []canon.Option{
 		canon.WithFormat(format),
 		canon.WithIgnore(rc.Ignore...),
 		canon.WithMaxDepth(rc.MaxDepth),
 		canon.WithMaxSize(rc.MaxSize),
-	)
+	}
+	src := rc.EntitySource()
+	if src.Kind == config.EntityPointer {
+		opts = append(opts, canon.WithValues(src.Pointer))
+	}
+	h, err := canon.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("route %s: %w", rc.Service, err)
 	}
@@ -67,10 +72,9 @@ func compileRoute(rc config.Route) (*route, error) {
 		forwardUndecided: rc.OnStoreFailure == config.OnStoreFailureForward,
 		hasher:           h,
 	}
-	src := rc.EntitySource()
 	switch src.Kind {
 	case config.EntityPointer:
-		r.entity = pointerEntity(src.Pointer)
+		// read by the hasher (identify)
 	case config.EntityHeader:
 		r.entity = headerEntity(src.Header)
 	default:
@@ -83,11 +87,8 @@ func compileRoute(rc config.Route) (*route, error) {
 // bad input: the record is dead-lettered or halts its partition.
 func (rt *route) classify(r *kgo.Record) (dedup.Record, error) {
 	rec := dedup.Record{Offset: r.Offset}
-	entity, err := rt.entity(r)
-	if err == nil {
-		rec.Entity = entity
-		rec.Digest, err = rt.hasher.Sum(r.Value)
-	}
+	var err error
+	rec.Entity, rec.Digest, err = rt.identify(r)
 	if err != nil {
 		rec.Invalid = true
 		return rec, err

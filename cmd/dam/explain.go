@@ -17,6 +17,7 @@ import (
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/pipeline"
 )
 
 func newExplainCmd() *cobra.Command {
@@ -169,6 +170,9 @@ type explainer struct {
 	kafka    *kafkaReader
 	lookback int64
 }
+
+// entityFunc is a route's identity of a record (pipeline.Route.Entity).
+type entityFunc func(r *kgo.Record) ([]byte, error)
 
 // routeHasher is a service's hashing: its route's options or the
 // defaults.
@@ -482,7 +486,12 @@ func (ex *explainer) offset(ctx context.Context, topic string, part int32, offse
 	}
 	ts := rec.Timestamp.UTC()
 	res.Timestamp = &ts
-	entityOf := entityExtractor(route.EntitySource())
+	// The identity as the sidecar reads it (pipeline.Route).
+	compiled, err := pipeline.CompileRoute(*route)
+	if err != nil {
+		return nil, fmt.Errorf("route %s: %w", route.Service, err)
+	}
+	var entityOf entityFunc = compiled.Entity
 	entity, entErr := entityOf(rec)
 	var digest canon.Digest
 	var hashErr error
