@@ -61,7 +61,6 @@ func (p *Pipeline) transactionalID() string {
 // transactLoop runs rounds until ctx ends, or returns the error that stops
 // this instance (fenced by its own transactional id).
 func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSession) error {
-	maxPoll := p.cfg.Pipeline.BatchSize * 4
 	wait := p.retry.Backoff()
 	// A round in flight at shutdown gets the grace period to finish; then
 	// its transaction is given up (the next owner replays it).
@@ -82,6 +81,10 @@ func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSess
 		}
 	}()
 	for {
+		// A round takes up to a batch per assigned partition (at least
+		// four batches): each transaction's fixed cost is shared by as many
+		// records as the partitions decide in parallel.
+		maxPoll := p.cfg.Pipeline.BatchSize * max(4, int(p.deps.budget.partitions.Load()))
 		fetches := sess.PollRecords(ctx, maxPoll)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			sess.AllowRebalance()

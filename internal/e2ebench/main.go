@@ -13,7 +13,9 @@
 //     a pointer entity with the key on the same data. By default both dam
 //     variants run twice, in both orders (single runs are noisy on a
 //     shared machine, and the order cancels a drift along the benchmark),
-//     and their ratio is taken over all their runs.
+//     and their ratio is taken over all their runs;
+//   - dam-eos: dam (entity: key) with kafka.delivery: exactly-once, its
+//     rate compared with dam's over all dam's runs.
 //
 // Each variant gets a fresh in-process kfake cluster with the input
 // pre-produced, then runs as its own process (passthrough and naive are
@@ -85,8 +87,8 @@ func main() {
 	flag.DurationVar(&o.steady, "steady", 5*time.Second, "duration of the steady phase")
 	flag.Float64Var(&o.dupRate, "dup-rate", 0.30, "share of records repeating their entity's content")
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $"+envDSN+", else "+defaultDSN+", else a throwaway local cluster)")
-	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam,dam-pointer,dam-pointer,dam",
-		"variants to run, in order (dam-pointer: dam with entity: /id; the two dam routes run in both orders)")
+	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam,dam-pointer,dam-pointer,dam,dam-eos",
+		"variants to run, in order (dam-pointer: dam with entity: /id; the two dam routes run in both orders; dam-eos: dam with kafka.delivery: exactly-once)")
 	flag.IntVar(&o.batchSize, "batch-size", 0, "dam pipeline.batch_size (0: dam's default)")
 	flag.IntVar(&o.maxInFlight, "max-in-flight", 0, "dam pipeline.max_in_flight (0: dam's default)")
 	flag.IntVar(&o.maxConns, "max-conns", 0, "dam postgres.max_conns (0: dam's default)")
@@ -429,12 +431,15 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 	var cmd *exec.Cmd
 	var childOut strings.Builder
 	if isDam(variant) {
-		entity := "key"
-		if variant == "dam-pointer" {
+		entity, delivery := "key", "at-least-once"
+		switch variant {
+		case "dam-pointer":
 			entity = "/id"
+		case "dam-eos":
+			delivery = "exactly-once"
 		}
 		cfgPath := filepath.Join(tmp, "dam.yaml")
-		if err := os.WriteFile(cfgPath, []byte(damConfig(o, broker, dsn, httpAddr, in, out, entity)), 0o600); err != nil {
+		if err := os.WriteFile(cfgPath, []byte(damConfig(o, broker, dsn, httpAddr, in, out, entity, delivery)), 0o600); err != nil {
 			return res, err
 		}
 		cmd = exec.Command(o.damBin, "run", "--config", cfgPath)
@@ -529,11 +534,11 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 }
 
 // isDam reports whether the variant runs the dam binary.
-func isDam(variant string) bool { return variant == "dam" || variant == "dam-pointer" }
+func isDam(variant string) bool { return strings.HasPrefix(variant, "dam") }
 
-func damConfig(o options, broker, dsn, httpAddr, in, out, entity string) string {
+func damConfig(o options, broker, dsn, httpAddr, in, out, entity, delivery string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "kafka:\n  brokers: [%q]\n  group: %s\n  start: earliest\n", broker, group)
+	fmt.Fprintf(&b, "kafka:\n  brokers: [%q]\n  group: %s\n  start: earliest\n  delivery: %s\n", broker, group, delivery)
 	fmt.Fprintf(&b, "postgres:\n  dsn: %q\n  migrate: true\n", dsn)
 	if o.maxConns > 0 {
 		fmt.Fprintf(&b, "  max_conns: %d\n", o.maxConns)
@@ -608,6 +613,9 @@ func printTable(w io.Writer, o options, rs []result) {
 			fmt.Fprintf(w, "* %s could not keep up with %d records/s: its steady latency is queueing time\n", r.variant, o.rate)
 		}
 	}
+	if _, ok := byName["dam-eos"]; ok {
+		fmt.Fprintln(w, "forwarded counts the output's offsets: in exactly-once mode each transaction's commit markers take offsets too")
+	}
 	d, ok := byName["dam"]
 	if !ok {
 		return
@@ -623,6 +631,10 @@ func printTable(w io.Writer, o options, rs []result) {
 	}
 	fmt.Fprintf(w, "  p99 (steady) < 100 ms %9s  %s\n", ms(d.steady.P99), verdict(d.steady.P99 < 0.1))
 	fmt.Fprintf(w, "  peak RSS < 200 MB     %7.1fMB  %s\n", float64(d.rssKB)/1024, verdict(d.rssKB < 200*1024))
+	if e, ok := byName["dam-eos"]; ok {
+		x := e.rate() / total["dam"].rate()
+		fmt.Fprintf(w, "  exactly-once >= 0.7x at-least-once %5.2fx  %s  (kfake's transactions are far cheaper than a real cluster's)\n", x, verdict(x >= 0.7))
+	}
 	if p, ok := total["dam-pointer"]; ok {
 		d := total["dam"]
 		x := p.rate() / d.rate()
