@@ -16,6 +16,8 @@
 //   - queue.go: per-partition queues and the shared polling budget
 //     (backpressure);
 //   - health.go: readiness, dam_halted, broker and PostgreSQL probes;
+//   - modes.go: the decision rules beside last-seen (window, version,
+//     refresh_after): a record's identity and version, the window cleanup;
 //   - worker.go: a partition's two goroutines and their lifecycle;
 //   - errors.go: the sentinel errors.
 //
@@ -33,7 +35,8 @@
 //
 // Metrics (all on the Registerer given to New):
 //
-//	dam_records_total{service,outcome}        forwarded, duplicate, invalid, refused, rebuilt, caught_up, undecided
+//	dam_records_total{service,outcome}        forwarded, duplicate, invalid, refused, rebuilt, caught_up, undecided,
+//	                                          stale (version mode), refreshed (refresh_after)
 //	dam_dead_letters_total{service,reason}    dead letters delivered: invalid (bad input), refused (by Kafka, value dropped)
 //	dam_decision_seconds{service}             decide transaction latency
 //	dam_batch_records{service}                records per decided batch
@@ -44,6 +47,8 @@
 //	dam_consumer_lag{service,partition}       high watermark minus next offset
 //	dam_partitions_assigned{service}          partitions owned by this instance
 //	dam_state_rows{service}                   identities with stored state
+//	dam_window_expired_total{service}         expired window ids deleted by this instance's cleanup
+//	dam_window_cleanups_total{service,result} window cleanup rounds: done, skipped (another instance cleans), failed
 //	dam_kafka_*                               franz-go client metrics (kprom)
 package pipeline
 
@@ -156,6 +161,10 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		p.metrics.deadLetters.WithLabelValues(rt.service, outcomeRefused.String())
 		p.metrics.storeErrors.WithLabelValues(rt.service)
 		p.metrics.deliverErrors.WithLabelValues(rt.service)
+		if rt.rule.Mode == dedup.Window {
+			p.metrics.windowExpired.WithLabelValues(rt.service)
+			p.metrics.windowCleanups.WithLabelValues(rt.service, cleanupFailed)
+		}
 	}
 	if err := p.reg.Register(newHaltedCollector(p)); err != nil {
 		return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
@@ -269,6 +278,12 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	bg.Add(2)
 	go func() { defer bg.Done(); p.probeLoop(bgCtx) }()
 	go func() { defer bg.Done(); p.stateRowsLoop(bgCtx) }()
+	for _, rt := range p.routes {
+		if rt.rule.Mode == dedup.Window {
+			bg.Add(1)
+			go func() { defer bg.Done(); p.cleanupLoop(bgCtx, rt) }()
+		}
+	}
 	p.log.Info("consuming", zap.String("group", p.cfg.Kafka.Group), zap.Int("routes", len(p.routes)))
 
 	maxPoll := p.cfg.Pipeline.BatchSize * 4

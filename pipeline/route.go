@@ -3,6 +3,7 @@ package pipeline
 import (
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -39,7 +40,16 @@ type route struct {
 	// down (on_store_failure: forward) instead of pausing.
 	forwardUndecided bool
 	hasher           *canon.Hasher
-	entity           entityFunc
+	// entity extracts the identity: the entity or, in window mode, the
+	// message id (modes.go).
+	entity entityFunc
+	// rule is the route's decision rule, version its version extractor
+	// (version mode only), cleanupEvery and cleanupBatch its window cleanup
+	// (window mode only): modes.go.
+	rule         dedup.Rule
+	version      versionFunc
+	cleanupEvery time.Duration
+	cleanupBatch int
 }
 
 func compileRoute(rc config.Route) (*route, error) {
@@ -76,16 +86,18 @@ func compileRoute(rc config.Route) (*route, error) {
 	default:
 		r.entity = keyEntity
 	}
+	r.compileMode(rc)
 	return r, nil
 }
 
-// classify computes a record's identity and digest. A non-nil error means
-// bad input: the record is dead-lettered or halts its partition.
+// classify computes a record's identity, version (version mode) and
+// digest. A non-nil error means bad input: the record is dead-lettered or
+// halts its partition.
 func (rt *route) classify(r *kgo.Record) (dedup.Record, error) {
 	rec := dedup.Record{Offset: r.Offset}
-	entity, err := rt.entity(r)
+	var err error
+	rec.Entity, rec.Version, err = rt.extract(r)
 	if err == nil {
-		rec.Entity = entity
 		rec.Digest, err = rt.hasher.Sum(r.Value)
 	}
 	if err != nil {
