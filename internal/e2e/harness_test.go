@@ -589,9 +589,6 @@ type routeCheck struct {
 // defaultCheck is the default route's (sidecarOpts.routes "").
 var defaultCheck = routeCheck{inTopic, outTopic, deadTopic, lastSeenModel}
 
-// check compares the default route's output with its last-seen model.
-func check(brokers string) (report, error) { return defaultCheck.check(brokers) }
-
 // check compares the route's output topic with its model of the input.
 func (rc routeCheck) check(brokers string) (report, error) {
 	in, err := testkafka.ReadAll(brokers, rc.in)
