@@ -184,13 +184,46 @@ type Route struct {
 	// DeadLetter is the topic receiving bad input. Default "": bad input
 	// halts the partition. Must not be any route's From.
 	DeadLetter string `koanf:"dead_letter"`
-	// Mode is the decision rule: "last-seen" (default). "window" and
-	// "version" are designed but not supported yet.
+	// Mode is the decision rule: "last-seen" (default: forward a record iff
+	// its content differs from the content last forwarded for its entity),
+	// "window" (forward iff its message id was not seen within Window) or
+	// "version" (forward iff its version is above the highest forwarded for
+	// its entity).
 	Mode string `koanf:"mode"`
-	// Entity is where the identity comes from: "key" (default, the record
-	// key), a JSON pointer into the value ("/banana_id") or a header
-	// ("header:Entity-Id").
+	// Entity is where the identity comes from in modes last-seen and
+	// version: "key" (default, the record key), a JSON pointer into the
+	// value ("/banana_id") or a header ("header:Entity-Id"). Not used in
+	// window mode, whose identity is the message id (IDFrom).
 	Entity string `koanf:"entity"`
+	// IDFrom is where window mode's message id comes from: a header
+	// ("header:Name") or a JSON pointer ("/meta/id"). Only in window mode;
+	// default "header:Idempotency-Key" there.
+	IDFrom string `koanf:"id_from" dam:"omitempty"`
+	// Window is how long window mode remembers a message id: a repeat
+	// within it is a duplicate, whatever its content. Required in window
+	// mode, and only there.
+	Window time.Duration `koanf:"window" dam:"omitempty"`
+	// Sliding makes a repeat extend its id's window (to Window from the
+	// repeat); the default is a fixed window from the first sighting. Only
+	// in window mode.
+	Sliding bool `koanf:"sliding" dam:"omitempty"`
+	// CleanupInterval is how often window mode's expired ids are deleted
+	// (by one instance per service at a time). Only in window mode; default
+	// 1m there.
+	CleanupInterval time.Duration `koanf:"cleanup_interval" dam:"omitempty"`
+	// CleanupBatch is the most expired ids one cleanup statement deletes
+	// (each its own short transaction). Only in window mode; default 1000
+	// there.
+	CleanupBatch int `koanf:"cleanup_batch" dam:"omitempty"`
+	// VersionFrom is where version mode's version comes from: a header
+	// ("header:Name", a decimal integer) or a JSON pointer to an integer.
+	// Only in version mode; default "/version" there.
+	VersionFrom string `koanf:"version_from" dam:"omitempty"`
+	// RefreshAfter, in last-seen mode, forwards a record equal to the
+	// content last forwarded anyway when its identity was last forwarded
+	// longer ago than this (for adapters that must re-sync now and then).
+	// Default 0: off. Only in last-seen mode.
+	RefreshAfter time.Duration `koanf:"refresh_after" dam:"omitempty"`
 	// Format is how values are hashed: "json" (default, structural hash) or
 	// "bytes" (raw bytes).
 	Format string `koanf:"format"`
@@ -217,8 +250,9 @@ type Route struct {
 	// topic's max.message.bytes.
 	MaxSize int `koanf:"max_size"`
 
-	// entity is Entity parsed by Validate.
-	entity EntitySource
+	// entity, idFrom and versionFrom are Entity, IDFrom and VersionFrom
+	// parsed by Validate.
+	entity, idFrom, versionFrom EntitySource
 }
 
 // Enumerated values.
@@ -301,6 +335,22 @@ func DefaultRoute() Route {
 	}
 }
 
+// Defaults of the mode settings, set by Validate in their mode.
+const (
+	DefaultIDFrom          = "header:Idempotency-Key"
+	DefaultVersionFrom     = "/version"
+	DefaultCleanupInterval = time.Minute
+	DefaultCleanupBatch    = 1000
+)
+
 // EntitySource returns the parsed Entity. It is valid only after
 // Config.Validate succeeded (Load validates).
 func (r Route) EntitySource() EntitySource { return r.entity }
+
+// IDSource returns the parsed IDFrom of a window-mode route (a header or a
+// pointer). It is valid only after Config.Validate succeeded.
+func (r Route) IDSource() EntitySource { return r.idFrom }
+
+// VersionSource returns the parsed VersionFrom of a version-mode route (a
+// header or a pointer). It is valid only after Config.Validate succeeded.
+func (r Route) VersionSource() EntitySource { return r.versionFrom }

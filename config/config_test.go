@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -122,9 +123,26 @@ func TestValidateErrors(t *testing.T) {
 			c.Routes[0].DeadLetter = "in.b"
 		}, "routes[0].dead_letter", "a loop"},
 		{"dead letter is to", func(c *Config) { c.Routes[0].DeadLetter = "out.a" }, "routes[0].dead_letter", "also the route's to topic"},
-		{"mode window", func(c *Config) { c.Routes[0].Mode = "window" }, "routes[0].mode", "not supported yet"},
-		{"mode version", func(c *Config) { c.Routes[0].Mode = "version" }, "routes[0].mode", "not supported yet"},
-		{"mode bogus", func(c *Config) { c.Routes[0].Mode = "newest" }, "routes[0].mode", `invalid value "newest"`},
+		{"mode bogus", func(c *Config) { c.Routes[0].Mode = "newest" }, "routes[0].mode", `invalid value "newest": want "last-seen", "window" or "version"`},
+		{"window without window", func(c *Config) { c.Routes[0].Mode = "window" }, "routes[0].window", `required with mode "window"`},
+		{"window negative", func(c *Config) { window(c); c.Routes[0].Window = -time.Second }, "routes[0].window", "must be positive"},
+		{"window id_from key", func(c *Config) { window(c); c.Routes[0].IDFrom = "key" }, "routes[0].id_from", `invalid value "key": want "header:Name" or a JSON pointer`},
+		{"window id_from wildcard", func(c *Config) { window(c); c.Routes[0].IDFrom = "/ids/*" }, "routes[0].id_from", `invalid value "/ids/*"`},
+		{"window entity", func(c *Config) { window(c); c.Routes[0].Entity = "/id" }, "routes[0].entity", `not used with mode "window"`},
+		{"window cleanup interval", func(c *Config) { window(c); c.Routes[0].CleanupInterval = -time.Second }, "routes[0].cleanup_interval", "must be positive"},
+		{"window cleanup batch", func(c *Config) { window(c); c.Routes[0].CleanupBatch = -1 }, "routes[0].cleanup_batch", "must be positive"},
+		{"window refresh_after", func(c *Config) { window(c); c.Routes[0].RefreshAfter = time.Hour }, "routes[0].refresh_after", `only with mode "last-seen", not "window"`},
+		{"window version_from", func(c *Config) { window(c); c.Routes[0].VersionFrom = "/v" }, "routes[0].version_from", `only with mode "version", not "window"`},
+		{"id_from in last-seen", func(c *Config) { c.Routes[0].IDFrom = "header:Id" }, "routes[0].id_from", `only with mode "window", not "last-seen"`},
+		{"window in last-seen", func(c *Config) { c.Routes[0].Window = time.Hour }, "routes[0].window", `only with mode "window"`},
+		{"sliding in version", func(c *Config) { c.Routes[0].Mode = "version"; c.Routes[0].Sliding = true }, "routes[0].sliding", `only with mode "window", not "version"`},
+		{"cleanup in last-seen", func(c *Config) { c.Routes[0].CleanupInterval = time.Minute }, "routes[0].cleanup_interval", `only with mode "window"`},
+		{"cleanup batch in last-seen", func(c *Config) { c.Routes[0].CleanupBatch = 5 }, "routes[0].cleanup_batch", `only with mode "window"`},
+		{"version_from in last-seen", func(c *Config) { c.Routes[0].VersionFrom = "/v" }, "routes[0].version_from", `only with mode "version", not "last-seen"`},
+		{"version_from key", func(c *Config) { c.Routes[0].Mode = "version"; c.Routes[0].VersionFrom = "key" }, "routes[0].version_from", `invalid value "key"`},
+		{"version_from empty header", func(c *Config) { c.Routes[0].Mode = "version"; c.Routes[0].VersionFrom = "header:" }, "routes[0].version_from", `invalid value "header:"`},
+		{"refresh_after in version", func(c *Config) { c.Routes[0].Mode = "version"; c.Routes[0].RefreshAfter = time.Hour }, "routes[0].refresh_after", `only with mode "last-seen", not "version"`},
+		{"refresh_after negative", func(c *Config) { c.Routes[0].RefreshAfter = -time.Hour }, "routes[0].refresh_after", "must be positive (or 0: off)"},
 		{"entity empty header", func(c *Config) { c.Routes[0].Entity = "header:" }, "routes[0].entity", "empty header name"},
 		{"entity no slash", func(c *Config) { c.Routes[0].Entity = "banana_id" }, "routes[0].entity", `invalid entity "banana_id"`},
 		{"entity bad escape", func(c *Config) { c.Routes[0].Entity = "/a~2" }, "routes[0].entity", "invalid entity pointer"},
@@ -180,6 +198,50 @@ func TestValidateErrors(t *testing.T) {
 			tc.mutate(&c)
 			wantProblem(t, c.Validate(), tc.key, tc.msg)
 		})
+	}
+}
+
+// window makes the first route a valid window-mode route.
+func window(c *Config) {
+	c.Routes[0].Mode = ModeWindow
+	c.Routes[0].Window = 24 * time.Hour
+}
+
+// TestValidateModeDefaults: each mode's settings get their defaults in that
+// mode only, and their parsed sources.
+func TestValidateModeDefaults(t *testing.T) {
+	c := valid()
+	window(&c)
+	c.Routes = append(c.Routes, route("v", "in.v", "out.v"), route("r", "in.r", "out.r"), route("w", "in.w", "out.w"))
+	c.Routes[1].Mode = ModeVersion
+	c.Routes[2].RefreshAfter = time.Hour
+	c.Routes[3].Mode, c.Routes[3].Window, c.Routes[3].IDFrom, c.Routes[3].Sliding = ModeWindow, time.Minute, "/meta/id", true
+	c.Routes[3].CleanupInterval, c.Routes[3].CleanupBatch = 5*time.Second, 50
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	w, v, r, w2 := c.Routes[0], c.Routes[1], c.Routes[2], c.Routes[3]
+	if w.IDFrom != DefaultIDFrom || w.IDSource() != (EntitySource{Kind: EntityHeader, Header: "Idempotency-Key"}) ||
+		w.CleanupInterval != time.Minute || w.CleanupBatch != 1000 || w.VersionFrom != "" || w.Sliding {
+		t.Errorf("window defaults: %+v", w)
+	}
+	if v.VersionFrom != "/version" || v.VersionSource() != (EntitySource{Kind: EntityPointer, Pointer: "/version"}) ||
+		v.IDFrom != "" || v.CleanupInterval != 0 || v.CleanupBatch != 0 {
+		t.Errorf("version defaults: %+v", v)
+	}
+	if r.RefreshAfter != time.Hour || r.IDFrom != "" || r.VersionFrom != "" || r.CleanupInterval != 0 {
+		t.Errorf("last-seen: %+v", r)
+	}
+	if w2.IDSource() != (EntitySource{Kind: EntityPointer, Pointer: "/meta/id"}) || w2.CleanupInterval != 5*time.Second ||
+		w2.CleanupBatch != 50 || !w2.Sliding {
+		t.Errorf("window settings: %+v", w2)
+	}
+	// Validating again changes nothing (pipeline.New validates a loaded
+	// configuration again).
+	again := c
+	again.Routes = slices.Clone(c.Routes)
+	if err := again.Validate(); err != nil || !reflect.DeepEqual(again, c) {
+		t.Fatalf("second Validate: %v\n%+v\n%+v", err, again.Routes, c.Routes)
 	}
 }
 
@@ -241,7 +303,7 @@ func TestValidateReportsAllInOrder(t *testing.T) {
 	for _, e := range problems(t, err) {
 		keys = append(keys, e.(*Error).Key)
 	}
-	want := []string{"kafka.group", "routes[0].mode", "routes[0].ignore[0]"}
+	want := []string{"kafka.group", "routes[0].window", "routes[0].ignore[0]"}
 	if !reflect.DeepEqual(keys, want) {
 		t.Fatalf("keys %v, want %v", keys, want)
 	}
@@ -292,8 +354,17 @@ func TestLoadExample(t *testing.T) {
 	if !reflect.DeepEqual(c.Kafka.Brokers, []string{"kafka-1:9092", "kafka-2:9092"}) || c.Kafka.Group != "dam-customer-2" {
 		t.Fatalf("kafka %+v", c.Kafka)
 	}
-	if len(c.Routes) != 2 {
+	if len(c.Routes) != 4 {
 		t.Fatalf("routes %+v", c.Routes)
+	}
+	if r := c.Routes[0]; r.RefreshAfter != 168*time.Hour {
+		t.Fatalf("route 0 refresh_after %+v", r)
+	}
+	if w := c.Routes[2]; w.Mode != ModeWindow || w.Window != 24*time.Hour || w.IDSource().Header != "Idempotency-Key" || w.CleanupBatch != 1000 {
+		t.Fatalf("route 2 (window) %+v", w)
+	}
+	if v := c.Routes[3]; v.Mode != ModeVersion || v.VersionSource().Pointer != "/version" || v.EntitySource().Pointer != "/order_id" {
+		t.Fatalf("route 3 (version) %+v", v)
 	}
 	r0, r1 := c.Routes[0], c.Routes[1]
 	if r0.DeadLetter != "delivery.customer-2.dlq" || !reflect.DeepEqual(r0.Ignore, []string{"/updated_at", "/items/*/ts"}) || r0.MaxSize != 1047552 {
@@ -376,7 +447,7 @@ kafka.group: required
 postgres.dsn: required
 routes[0].from: required
 routes[0].to: required
-routes[0].mode: mode "window": not supported yet
+routes[0].window: required with mode "window": how long an id is remembered, e.g. 24h
 routes[0].ignore[0]: canon: ignore pointer "nope": must start with "/"`
 	problems(t, err)
 	if err == nil || err.Error() != want {

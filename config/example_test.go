@@ -19,11 +19,13 @@ func ExampleLoad() {
 	fmt.Println(cfg.Kafka.Brokers, cfg.Pipeline.RetryMax)
 	fmt.Println(cfg.Redacted().Postgres.DSN)
 	for _, r := range cfg.Routes {
-		fmt.Println(r.Service, r.From, "->", r.To, r.EntitySource().Kind)
+		fmt.Println(r.Service, r.Mode, r.From, "->", r.To, r.EntitySource().Kind)
 	}
 	// Output:
 	// [k1:9092 k2:9092 k3:9092] 30s
 	// postgres://dam:xxxxx@db.internal:5432/dam
-	// customer-2 projections.customer-2 -> delivery.customer-2 key
-	// invoices projections.invoices -> delivery.invoices header
+	// customer-2 last-seen projections.customer-2 -> delivery.customer-2 key
+	// invoices last-seen projections.invoices -> delivery.invoices header
+	// payments window commands.payments -> delivery.payments key
+	// orders version events.orders -> delivery.orders pointer
 }

@@ -80,7 +80,8 @@ func RedactDSN(dsn string) string {
 }
 
 // YAML returns c as YAML in field order, with the keys Load reads, so that
-// the output loads back to the same configuration. A secret read from a
+// the output loads back to the same configuration. Route settings of modes
+// other than the route's (empty) are left out. A secret read from a
 // file (postgres.dsn_file, kafka.sasl.password_file) is printed as its
 // file alone, which Load reads again. Other secrets are printed as they
 // are: print c.Redacted().YAML() instead.
@@ -118,6 +119,10 @@ func toNode(v reflect.Value) *yaml.Node {
 		for i := 0; i < t.NumField(); i++ {
 			name := t.Field(i).Tag.Get("koanf")
 			if name == "" {
+				continue
+			}
+			// A setting of another mode than the route's is left out.
+			if t.Field(i).Tag.Get("dam") == "omitempty" && v.Field(i).IsZero() {
 				continue
 			}
 			n.Content = append(n.Content, scalar("!!str", name), toNode(v.Field(i)))

@@ -229,16 +229,7 @@ func (c *Config) validateRoutes(v *validator) {
 			v.addf(key("dead_letter"), "topic %q is also the route's to topic", r.DeadLetter)
 		}
 
-		if r.Mode == "" {
-			r.Mode = ModeLastSeen
-		}
-		switch r.Mode {
-		case ModeLastSeen:
-		case ModeWindow, ModeVersion:
-			v.add(key("mode"), fmt.Errorf("mode %q: %w", r.Mode, ErrNotSupported))
-		default:
-			v.addf(key("mode"), "invalid value %q: want %s", r.Mode, orList([]string{ModeLastSeen, ModeWindow, ModeVersion}))
-		}
+		v.oneOf(key("mode"), &r.Mode, ModeLastSeen, ModeLastSeen, ModeWindow, ModeVersion)
 		if r.Entity == "" {
 			r.Entity = "key"
 		}
@@ -247,6 +238,7 @@ func (c *Config) validateRoutes(v *validator) {
 		} else {
 			r.entity = e
 		}
+		v.modeSettings(r, key)
 		v.oneOf(key("format"), &r.Format, FormatJSON, FormatJSON, FormatBytes)
 		if r.Format == FormatBytes && len(r.Ignore) > 0 {
 			v.addf(key("ignore"), "only with format json, not %q", r.Format)
@@ -265,6 +257,77 @@ func (c *Config) validateRoutes(v *validator) {
 			v.addf(key("max_size"), "must be positive, got %d", r.MaxSize)
 		}
 	}
+}
+
+// modeSettings checks the settings of the route's mode, fills their
+// defaults, and rejects the settings of other modes (each names the mode it
+// belongs to).
+func (v *validator) modeSettings(r *Route, key func(string) string) {
+	only := func(name, mode string, set bool) {
+		if set && r.Mode != mode {
+			v.addf(key(name), "only with mode %q, not %q", mode, r.Mode)
+		}
+	}
+	only("id_from", ModeWindow, r.IDFrom != "")
+	only("window", ModeWindow, r.Window != 0)
+	only("sliding", ModeWindow, r.Sliding)
+	only("cleanup_interval", ModeWindow, r.CleanupInterval != 0)
+	only("cleanup_batch", ModeWindow, r.CleanupBatch != 0)
+	only("version_from", ModeVersion, r.VersionFrom != "")
+	only("refresh_after", ModeLastSeen, r.RefreshAfter != 0)
+	switch r.Mode {
+	case ModeLastSeen:
+		if r.RefreshAfter < 0 {
+			v.addf(key("refresh_after"), "must be positive (or 0: off), got %s", r.RefreshAfter)
+		}
+	case ModeWindow:
+		if r.IDFrom == "" {
+			r.IDFrom = DefaultIDFrom
+		}
+		if src, err := parseFrom(r.IDFrom, "/meta/id"); err != nil {
+			v.add(key("id_from"), err)
+		} else {
+			r.idFrom = src
+		}
+		if r.Entity != "key" {
+			v.addf(key("entity"), "not used with mode %q: its identity is the message id (id_from)", ModeWindow)
+		}
+		switch {
+		case r.Window == 0:
+			v.addf(key("window"), "required with mode %q: how long an id is remembered, e.g. 24h", ModeWindow)
+		case r.Window < 0:
+			v.addf(key("window"), "must be positive, got %s", r.Window)
+		}
+		if r.CleanupInterval == 0 {
+			r.CleanupInterval = DefaultCleanupInterval
+		}
+		v.positive(key("cleanup_interval"), r.CleanupInterval)
+		if r.CleanupBatch == 0 {
+			r.CleanupBatch = DefaultCleanupBatch
+		}
+		if r.CleanupBatch < 0 {
+			v.addf(key("cleanup_batch"), "must be positive, got %d", r.CleanupBatch)
+		}
+	case ModeVersion:
+		if r.VersionFrom == "" {
+			r.VersionFrom = DefaultVersionFrom
+		}
+		if src, err := parseFrom(r.VersionFrom, DefaultVersionFrom); err != nil {
+			v.add(key("version_from"), err)
+		} else {
+			r.versionFrom = src
+		}
+	}
+}
+
+// parseFrom parses id_from or version_from: a header or a JSON pointer
+// without wildcards (example shows one).
+func parseFrom(s, example string) (EntitySource, error) {
+	src, err := ParseEntity(s)
+	if err != nil || src.Kind == EntityKey {
+		return EntitySource{}, fmt.Errorf(`invalid value %q: want "header:Name" or a JSON pointer such as %q`, s, example)
+	}
+	return src, nil
 }
 
 // codecs are the values of kafka.compression.

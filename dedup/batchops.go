@@ -57,10 +57,10 @@ func newOpOptions(def int, opts []OpOption) opOptions {
 // deletes.
 const resetBatch = 5000
 
-// ResetEntities deletes the state of the given entities of service, in
-// batches of one short statement each, and returns how many identities it
-// removed (entities without state count for nothing). Their next records
-// are forwarded.
+// ResetEntities deletes the state of the given entities (or window-mode
+// ids) of service, in every mode's table, in batches of one short statement
+// each, and returns how many identities it removed (entities without state
+// count for nothing). Their next records are forwarded.
 func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]byte, opts ...OpOption) (int64, error) {
 	if service == "" {
 		return 0, fmt.Errorf("%w: empty service", ErrInvalid)
@@ -73,7 +73,12 @@ func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]
 		for i, e := range entities[lo:hi] {
 			chunk[i] = nonNil(e)
 		}
-		n, err := s.exec(ctx, `DELETE FROM state WHERE service = $1 AND entity = ANY($2::bytea[])`, service, chunk)
+		var n int64
+		err := s.pool.QueryRow(ctx, `WITH
+			a AS (DELETE FROM state WHERE service = $1 AND entity = ANY($2::bytea[]) RETURNING 1),
+			b AS (DELETE FROM window_ids WHERE service = $1 AND id = ANY($2::bytea[]) RETURNING 1),
+			c AS (DELETE FROM versions WHERE service = $1 AND entity = ANY($2::bytea[]) RETURNING 1)
+			SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b) + (SELECT count(*) FROM c)`, service, chunk).Scan(&n)
 		if err != nil {
 			return deleted, classify("reset", err)
 		}
@@ -83,19 +88,24 @@ func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]
 	return deleted, nil
 }
 
-// The steps of ResetService walk the service's part of the primary key in
-// chunks (keyset pagination from the last entity deleted), each chunk one
-// statement: locked, deleted, committed.
+// The steps of ResetService walk the service's part of a table's primary
+// key in chunks (keyset pagination from the last identity deleted), each
+// chunk one statement: locked, deleted, committed. The verbs are the table,
+// its identity column and the comparison.
 const sqlResetChunk = `WITH chunk AS (
-		SELECT entity FROM state WHERE service = $1 AND entity %s $2 ORDER BY entity LIMIT $3 FOR UPDATE),
+		SELECT %[2]s AS k FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 ORDER BY %[2]s LIMIT $3 FOR UPDATE),
 	gone AS (
-		DELETE FROM state s USING chunk c WHERE s.service = $1 AND s.entity = c.entity RETURNING 1)
-	SELECT (SELECT count(*) FROM gone), entity FROM chunk ORDER BY entity DESC LIMIT 1`
+		DELETE FROM %[1]s s USING chunk c WHERE s.service = $1 AND s.%[2]s = c.k RETURNING 1)
+	SELECT (SELECT count(*) FROM gone), k FROM chunk ORDER BY k DESC LIMIT 1`
 
-// ResetService deletes the state of every identity of service, in batches
-// of one short statement each (never one long transaction holding every
-// row's lock), and returns how many identities it removed. An identity
-// decided while the reset runs may keep its new state.
+// identityTables are every mode's state tables and their identity columns.
+var identityTables = [...]struct{ table, column string }{{"state", "entity"}, {"window_ids", "id"}, {"versions", "entity"}}
+
+// ResetService deletes the state of every identity of service, in every
+// mode's table, in batches of one short statement each (never one long
+// transaction holding every row's lock), and returns how many identities
+// it removed. An identity decided while the reset runs may keep its new
+// state.
 func (s *Store) ResetService(ctx context.Context, service string, opts ...OpOption) (int64, error) {
 	if service == "" {
 		return 0, fmt.Errorf("%w: empty service", ErrInvalid)
@@ -106,20 +116,23 @@ func (s *Store) ResetService(ctx context.Context, service string, opts ...OpOpti
 		return 0, err
 	}
 	var deleted int64
-	op, last := ">=", []byte{} // from the smallest key, the empty entity included
-	for {
-		var n int64
-		err := s.pool.QueryRow(ctx, fmt.Sprintf(sqlResetChunk, op), service, last, o.batch).Scan(&n, &last)
-		if errors.Is(err, pgx.ErrNoRows) { // past the last row
-			return deleted, nil
+	for _, t := range identityTables {
+		op, last := ">=", []byte{} // from the smallest key, the empty entity included
+		for {
+			var n int64
+			err := s.pool.QueryRow(ctx, fmt.Sprintf(sqlResetChunk, t.table, t.column, op), service, last, o.batch).Scan(&n, &last)
+			if errors.Is(err, pgx.ErrNoRows) { // past the last row
+				break
+			}
+			if err != nil {
+				return deleted, classify("reset", err)
+			}
+			deleted += n
+			o.progress(Step{Done: deleted, Total: max(total, deleted), Deleted: deleted})
+			op = ">"
 		}
-		if err != nil {
-			return deleted, classify("reset", err)
-		}
-		deleted += n
-		o.progress(Step{Done: deleted, Total: max(total, deleted), Deleted: deleted})
-		op = ">"
 	}
+	return deleted, nil
 }
 
 // pruneTotal is the expected number of rows a prune walks: the service's
@@ -130,7 +143,7 @@ func (s *Store) pruneTotal(ctx context.Context, service string) (int64, error) {
 		return s.Count(ctx, service)
 	}
 	var n float64
-	err := s.pool.QueryRow(ctx, `SELECT reltuples FROM pg_class WHERE oid = 'state'::regclass`).Scan(&n)
+	err := s.pool.QueryRow(ctx, `SELECT sum(reltuples) FROM pg_class WHERE oid IN ('state'::regclass, 'versions'::regclass)`).Scan(&n)
 	if err != nil {
 		return 0, classify("prune state", err)
 	}
@@ -140,11 +153,13 @@ func (s *Store) pruneTotal(ctx context.Context, service string) (int64, error) {
 	return int64(n), nil
 }
 
-// PruneState deletes the state of identities (of service, or of every
-// service when service is "") whose digest has not changed for olderThan,
-// walking the primary key in batches of one short statement each
-// (default 10000 rows walked per batch), and returns how many it deleted.
-// The next record of a pruned identity is forwarded.
+// PruneState deletes the last-seen and version state of identities (of
+// service, or of every service when service is "") not forwarded for
+// olderThan, walking each table's primary key in batches of one short
+// statement each (default 10000 rows walked per batch), and returns how
+// many it deleted. The next record of a pruned identity is forwarded (in
+// version mode, even one older than what was forwarded before). Window ids
+// expire by themselves: see PruneWindow.
 func (s *Store) PruneState(ctx context.Context, service string, olderThan time.Duration, opts ...OpOption) (int64, error) {
 	if olderThan < 0 {
 		return 0, fmt.Errorf("%w: negative age %v", ErrInvalid, olderThan)
@@ -159,25 +174,28 @@ func (s *Store) PruneState(ctx context.Context, service string, olderThan time.D
 		first, next = pruneFirstAll, pruneNextAll
 	}
 	var deleted, walked int64
-	cond := first
-	lastService, lastEntity := service, []byte{}
-	for {
-		var n, chunk int64
-		err := s.pool.QueryRow(ctx, fmt.Sprintf(sqlPruneChunk, cond),
-			lastService, lastEntity, o.batch, olderThan.Seconds()).Scan(&n, &chunk, &lastService, &lastEntity)
-		if errors.Is(err, pgx.ErrNoRows) { // past the last row
-			return deleted, nil
+	for _, table := range []string{"state", "versions"} {
+		cond := first
+		lastService, lastEntity := service, []byte{}
+		for {
+			var n, chunk int64
+			err := s.pool.QueryRow(ctx, fmt.Sprintf(sqlPruneChunk, table, cond),
+				lastService, lastEntity, o.batch, olderThan.Seconds()).Scan(&n, &chunk, &lastService, &lastEntity)
+			if errors.Is(err, pgx.ErrNoRows) { // past the last row
+				break
+			}
+			if err != nil {
+				return deleted, classify("prune state", err)
+			}
+			deleted += n
+			walked += chunk
+			t := total
+			if t >= 0 {
+				t = max(t, walked)
+			}
+			o.progress(Step{Done: walked, Total: t, Deleted: deleted})
+			cond = next
 		}
-		if err != nil {
-			return deleted, classify("prune state", err)
-		}
-		deleted += n
-		walked += chunk
-		t := total
-		if t >= 0 {
-			t = max(t, walked)
-		}
-		o.progress(Step{Done: walked, Total: t, Deleted: deleted})
-		cond = next
 	}
+	return deleted, nil
 }

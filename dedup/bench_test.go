@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/dedup"
@@ -28,9 +29,10 @@ type benchStream struct {
 }
 
 type benchRec struct {
-	entity []byte
-	digest canon.Digest
-	want   dedup.Decision
+	entity  []byte
+	digest  canon.Digest
+	version int64
+	want    dedup.Decision
 }
 
 func newBenchStream() *benchStream {
@@ -53,21 +55,34 @@ func benchDigest(content uint64) canon.Digest {
 
 func benchEntity(i int) []byte { return []byte(fmt.Sprintf("entity-%06d", i)) }
 
-// next returns n records split by partition.
-func (st *benchStream) next(n int) [benchPartitions][]benchRec {
+// next returns n records split by partition. A record that changes its
+// entity's content gets a new version (the sequence number) and, in window
+// mode, a new message id; a repeat has the same digest, version and id.
+func (st *benchStream) next(n int, rule dedup.Rule) [benchPartitions][]benchRec {
 	var parts [benchPartitions][]benchRec
 	for range n {
 		e := st.rng.IntN(benchEntities)
-		r := benchRec{entity: benchEntity(e), want: dedup.Duplicate}
+		r := benchRec{want: dedup.Duplicate}
 		if st.rng.Float64() >= benchDupRate {
 			st.seq++
 			st.last[e] = st.seq
 			r.want = dedup.Forward
 		}
+		r.entity = st.identity(rule, e)
 		r.digest = benchDigest(st.last[e])
+		r.version = int64(st.last[e])
 		parts[e%benchPartitions] = append(parts[e%benchPartitions], r)
 	}
 	return parts
+}
+
+// identity is entity e's identity: the entity, or in window mode the id of
+// its current content.
+func (st *benchStream) identity(rule dedup.Rule, e int) []byte {
+	if rule.Mode == dedup.Window {
+		return []byte(fmt.Sprintf("msg-%010d", st.last[e]))
+	}
+	return benchEntity(e)
 }
 
 // BenchmarkDecide measures decided records per second against the test
@@ -75,14 +90,34 @@ func (st *benchStream) next(n int) [benchPartitions][]benchRec {
 // record), batch=N is Decide with N records per transaction. Every variant
 // runs benchPartitions deciders in parallel over a warmed state of
 // benchEntities identities. Compare records/s, not ns/op.
+//
+// The other rules run next to last-seen at batch=1000 on the same shape of
+// stream (benchEntities identities, benchDupRate repeats): refresh is
+// last-seen with refresh_after (long, so nothing is refreshed: the cost of
+// reading when each identity was forwarded), version has versions rising
+// per entity (repeats are duplicates), window has message ids (repeats are
+// ids seen before, inside the window).
 func BenchmarkDecide(b *testing.B) {
-	b.Run("percas", func(b *testing.B) { benchDecide(b, 0) })
+	b.Run("percas", func(b *testing.B) { benchDecide(b, 0, dedup.Rule{}) })
 	for _, n := range []int{100, 1000, 10000} {
-		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) { benchDecide(b, n) })
+		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) { benchDecide(b, n, dedup.Rule{}) })
+	}
+	for _, m := range []struct {
+		name string
+		rule dedup.Rule
+	}{
+		{"refresh", dedup.Rule{RefreshAfter: 24 * time.Hour}},
+		{"window", dedup.Rule{Mode: dedup.Window, Window: 24 * time.Hour}},
+		{"version", dedup.Rule{Mode: dedup.Version}},
+	} {
+		b.Run(m.name+"/batch=1000", func(b *testing.B) { benchDecide(b, 1000, m.rule) })
 	}
 }
 
-func benchDecide(b *testing.B, batch int) {
+// benchTables are the tables each mode writes, vacuumed after warming.
+var benchTables = map[dedup.Mode]string{dedup.LastSeen: "state", dedup.Window: "window_ids", dedup.Version: "versions"}
+
+func benchDecide(b *testing.B, batch int, rule dedup.Rule) {
 	ctx := context.Background()
 	s := newStore(b)
 	st := newBenchStream()
@@ -92,18 +127,19 @@ func benchDecide(b *testing.B, batch int) {
 		parts[i], epochs[i] = partition(b, s, fmt.Sprint("bench-", i))
 	}
 	// Warm the state: every entity has its first content stored.
-	warm := &dedup.Batch{Service: "bench", Partition: parts[0], Epoch: epochs[0]}
+	warm := &dedup.Batch{Service: "bench", Partition: parts[0], Epoch: epochs[0], Rule: rule}
 	for lo := 0; lo < benchEntities; lo += 10000 {
 		warm.Start, warm.End, warm.Records = next[0], next[0]+10000, warm.Records[:0]
 		for i := lo; i < lo+10000; i++ {
-			warm.Records = append(warm.Records, dedup.Record{Offset: next[0] + int64(i-lo), Entity: benchEntity(i), Digest: benchDigest(st.last[i])})
+			warm.Records = append(warm.Records, dedup.Record{Offset: next[0] + int64(i-lo), Entity: st.identity(rule, i),
+				Digest: benchDigest(st.last[i]), Version: int64(st.last[i])})
 		}
 		if _, err := s.Decide(ctx, warm, nil); err != nil {
 			b.Fatal(err)
 		}
 		next[0] = warm.End
 	}
-	_, _ = s.Pool().Exec(ctx, "VACUUM ANALYZE state")
+	_, _ = s.Pool().Exec(ctx, "VACUUM ANALYZE "+benchTables[rule.Mode])
 	perIter := benchRecords
 	if batch == 0 {
 		perIter /= 3
@@ -111,7 +147,7 @@ func benchDecide(b *testing.B, batch int) {
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
-		recs := st.next(perIter)
+		recs := st.next(perIter, rule)
 		b.StartTimer()
 		var wg sync.WaitGroup
 		errs := make([]error, benchPartitions)
@@ -122,7 +158,7 @@ func benchDecide(b *testing.B, batch int) {
 				if batch == 0 {
 					errs[pi] = benchPerCAS(ctx, s, recs[pi])
 				} else {
-					errs[pi] = benchBatches(ctx, s, parts[pi], epochs[pi], &next[pi], recs[pi], batch)
+					errs[pi] = benchBatches(ctx, s, rule, parts[pi], epochs[pi], &next[pi], recs[pi], batch)
 				}
 			}()
 		}
@@ -149,14 +185,14 @@ func benchPerCAS(ctx context.Context, s *dedup.Store, recs []benchRec) error {
 	return nil
 }
 
-func benchBatches(ctx context.Context, s *dedup.Store, p dedup.Partition, epoch int64, next *int64, recs []benchRec, n int) error {
-	b := &dedup.Batch{Service: "bench", Partition: p, Epoch: epoch}
+func benchBatches(ctx context.Context, s *dedup.Store, rule dedup.Rule, p dedup.Partition, epoch int64, next *int64, recs []benchRec, n int) error {
+	b := &dedup.Batch{Service: "bench", Partition: p, Epoch: epoch, Rule: rule}
 	var out []dedup.Decision
 	for lo := 0; lo < len(recs); lo += n {
 		hi := min(lo+n, len(recs))
 		b.Start, b.End, b.Records = *next, *next+int64(hi-lo), b.Records[:0]
 		for i, r := range recs[lo:hi] {
-			b.Records = append(b.Records, dedup.Record{Offset: b.Start + int64(i), Entity: r.entity, Digest: r.digest})
+			b.Records = append(b.Records, dedup.Record{Offset: b.Start + int64(i), Entity: r.entity, Digest: r.digest, Version: r.version})
 		}
 		var err error
 		if out, err = s.Decide(ctx, b, out); err != nil {

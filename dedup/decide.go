@@ -6,40 +6,29 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The statements of Decide. Round trip 1 locks, round trip 2 writes. New
-// identities are not locked in advance (no placeholder rows): that cost
-// every record of a batch an extra index probe, about a quarter of the
-// server's CPU per record; a race for a new identity is detected instead.
+// The statements of Decide common to every mode. Round trip 1 locks, round
+// trip 2 writes. New identities are not locked in advance (no placeholder
+// rows): that cost every record of a batch an extra index probe, about a
+// quarter of the server's CPU per record; a race for a new identity is
+// detected instead. The statements of each mode's table are in rules.go.
 const (
 	sqlBegin = `BEGIN ISOLATION LEVEL READ COMMITTED`
 
 	sqlLockProgress = `SELECT epoch, next_offset FROM progress
 		WHERE grp = $1 AND topic = $2 AND part = $3 FOR UPDATE`
 
-	// ORDER BY: the existing identities are locked in entity order, the same
-	// in every batch, so concurrent batches do not deadlock on them.
-	sqlLockState = `SELECT entity, digest FROM state
-		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
-
-	// Identities the lock found: rewritten in place. An upsert keeps the
-	// statement correct even for a row that a NULL digest marks absent.
-	sqlWriteState = `INSERT INTO state AS s (service, entity, digest, updated_at, src_topic, src_partition, src_offset)
-		SELECT $1, e, d, now(), $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(e, d, o)
-		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = EXCLUDED.updated_at,
-			src_topic = EXCLUDED.src_topic, src_partition = EXCLUDED.src_partition, src_offset = EXCLUDED.src_offset`
-
-	// Identities the lock did not find were decided as absent. A plain
-	// INSERT, no ON CONFLICT: if a concurrent decider created one of them
-	// meanwhile, that decision may be stale, and the unique violation aborts
-	// the whole transaction, which Decide then runs again (the identity is
-	// found and locked the second time).
-	sqlInsertState = `INSERT INTO state (service, entity, digest, updated_at, src_topic, src_partition, src_offset)
-		SELECT $1, e, d, now(), $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(e, d, o) ORDER BY e`
+	// The decision time, read after every lock of the batch is held: a
+	// cleanup that deleted one of its rows as expired, or a decider that
+	// wrote one, committed before, with an earlier time. So the time of the
+	// decisions on one identity never goes back, whichever instance makes
+	// them.
+	sqlClock = `SELECT clock_timestamp()`
 
 	sqlLog = `INSERT INTO decision_log (grp, topic, part, first_offset, end_offset, offsets, decisions, entities)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
@@ -53,11 +42,11 @@ const (
 		WHERE grp = $1 AND topic = $2 AND part = $3 AND epoch = $5`
 )
 
-// Decide decides every record of b in offset order, stores the new state,
-// appends the batch to the decision log (unless b.NoLog) and advances the
-// partition's progress from b.Start to b.End, all in one transaction (DESIGN
-// §2 step 1). It appends one Decision per record, in record order, to
-// out[:0] and returns it.
+// Decide decides every record of b in offset order under b.Rule, stores
+// the new state, appends the batch to the decision log (unless b.NoLog)
+// and advances the partition's progress from b.Start to b.End, all in one
+// transaction (DESIGN §2 step 1). It appends one Decision per record, in
+// record order, to out[:0] and returns it.
 //
 // Errors: ErrInvalid for a malformed batch (nothing is sent), ErrFenced when
 // the partition's epoch is not b.Epoch or its progress is not b.Start
@@ -118,32 +107,23 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 	// A connection left inside a transaction (after an error) is closed, not
 	// reused, by Release.
 	defer conn.Release()
+	rule := newRuleTxn(b.Rule, len(entities))
 
-	// Round trip 1: begin, lock progress, lock the identities that exist.
+	// Round trip 1: begin, lock progress, lock the identities that exist,
+	// read the clock.
 	var epoch int64
 	var next *int64
-	current := make([]*[]byte, len(entities)) // stored digest, nil if absent
-	found := make([]bool, len(entities))      // a row exists (and is locked)
+	var now time.Time
 	rt1 := &pgx.Batch{}
 	rt1.Queue(sqlBegin)
 	rt1.Queue(sqlLockProgress, p.Group, p.Topic, p.Partition).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&epoch, &next)
 	})
 	if len(entities) > 0 {
-		rt1.Queue(sqlLockState, b.Service, entities).Query(func(rows pgx.Rows) error {
-			var e, d []byte
-			_, err := pgx.ForEachRow(rows, []any{&e, &d}, func() error {
-				if i, ok := idx[string(e)]; ok {
-					found[i] = true
-					if d != nil {
-						dd := bytes.Clone(d)
-						current[i] = &dd
-					}
-				}
-				return nil
-			})
-			return err
-		})
+		rule.queueLock(rt1, b.Service, entities, idx)
+	}
+	if b.Now.IsZero() {
+		rt1.Queue(sqlClock).QueryRow(func(row pgx.Row) error { return row.Scan(&now) })
 	}
 	err = conn.SendBatch(ctx, rt1).Close()
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -159,57 +139,36 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		return out, false, fmt.Errorf("%w: %s/%d group %q: epoch %d, progress %s; batch has epoch %d, start %d",
 			ErrFenced, p.Topic, p.Partition, p.Group, epoch, fmtNext(next), b.Epoch, b.Start)
 	}
+	if !b.Now.IsZero() {
+		now = b.Now
+	}
+	// PostgreSQL keeps microseconds: decide with what is stored.
+	now = now.Truncate(time.Microsecond)
 
-	// Decide in memory, in offset order: current tracks each identity's
-	// digest as the batch goes.
-	changed := make([]bool, len(entities))
-	srcOffset := make([]int64, len(entities))
+	// Decide in memory, in offset order: the rule tracks each identity's
+	// state as the batch goes.
 	var logOffsets []int64
 	var logDecisions []int16
 	var logEntities [][]byte
-	for _, r := range b.Records {
+	for k := range b.Records {
+		r := &b.Records[k]
 		d := Invalid
 		if !r.Invalid {
-			i := idx[string(r.Entity)]
-			if cur := current[i]; cur != nil && bytes.Equal(*cur, r.Digest[:]) {
-				d = Duplicate
-			} else {
-				d = Forward
-				dd := r.Digest[:]
-				current[i] = &dd
-				changed[i] = true
-				srcOffset[i] = r.Offset
-			}
+			d = rule.decide(idx[string(r.Entity)], r, now)
 		}
 		out = append(out, d)
-		if d != Duplicate {
-			logOffsets = append(logOffsets, r.Offset)
-			logDecisions = append(logDecisions, int16(d))
-			logEntities = append(logEntities, r.Entity)
+		switch d {
+		case Duplicate, Stale:
+		case Refresh: // the log says what to deliver, not why
+			logOffsets, logDecisions, logEntities = append(logOffsets, r.Offset), append(logDecisions, int16(Forward)), append(logEntities, r.Entity)
+		default:
+			logOffsets, logDecisions, logEntities = append(logOffsets, r.Offset), append(logDecisions, int16(d)), append(logEntities, r.Entity)
 		}
 	}
 
 	// Round trip 2: write, log, advance, commit.
 	rt2 := &pgx.Batch{}
-	var upd, ins stateRows
-	for i, c := range changed {
-		if !c {
-			continue
-		}
-		w := &ins
-		if found[i] {
-			w = &upd
-		}
-		w.entities = append(w.entities, entities[i])
-		w.digests = append(w.digests, *current[i])
-		w.offsets = append(w.offsets, srcOffset[i])
-	}
-	if len(upd.entities) > 0 {
-		rt2.Queue(sqlWriteState, b.Service, p.Topic, p.Partition, upd.entities, upd.digests, upd.offsets)
-	}
-	if len(ins.entities) > 0 {
-		rt2.Queue(sqlInsertState, b.Service, p.Topic, p.Partition, ins.entities, ins.digests, ins.offsets)
-	}
+	rule.queueWrites(rt2, b.Service, p, entities, now)
 	if !b.NoLog && b.End > b.Start { // an empty range has nothing to cover
 		if logOffsets == nil { // NOT NULL columns: empty arrays, not NULL
 			logOffsets, logDecisions, logEntities = []int64{}, []int16{}, [][]byte{}
@@ -236,22 +195,23 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 	return out, false, nil
 }
 
-// stateRows are the columns of rows written to state by one statement.
-type stateRows struct {
-	entities, digests [][]byte
-	offsets           []int64
-}
-
 // isRace reports an error that rolled a Decide back because of a
 // concurrent decider: a new identity inserted meanwhile (unique violation
-// on state) or a deadlock. Both come from the server in reply to a
+// on a mode's table) or a deadlock. Both come from the server in reply to a
 // statement, so the transaction did not commit.
 func isRace(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return false
 	}
-	return pgErr.Code == "40P01" || (pgErr.Code == "23505" && pgErr.TableName == "state")
+	if pgErr.Code == "40P01" {
+		return true
+	}
+	switch pgErr.TableName {
+	case "state", "window_ids", "versions":
+		return pgErr.Code == "23505"
+	}
+	return false
 }
 
 // nonNil maps a nil key to the empty key: pgx sends nil as NULL, and the
@@ -287,6 +247,9 @@ func validate(b *Batch) error {
 		return fmt.Errorf("%w: empty service", ErrInvalid)
 	case b.End < b.Start:
 		return fmt.Errorf("%w: end %d before start %d", ErrInvalid, b.End, b.Start)
+	}
+	if err := b.Rule.validate(); err != nil {
+		return err
 	}
 	prev := b.Start - 1
 	for i, r := range b.Records {

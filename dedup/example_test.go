@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -97,4 +98,50 @@ func ExampleStore_Decide() {
 	// 102 banana-2 forward
 	// 103 banana-1 forward
 	// covered: true forwarded: 3
+}
+
+// Window mode decides by message id: a repeat of an id inside the window
+// is a duplicate whatever its content; from the id's expiry on, it is new
+// again. Batch.Now pins the clock (the sidecar leaves it zero: the
+// database's clock).
+func ExampleStore_Decide_window() {
+	ctx := context.Background()
+	store, err := dedup.Open(ctx, exampleDSN(), dedup.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+
+	p := dedup.Partition{Group: "dam-payments", Topic: "commands.payments", Partition: 0}
+	pr, err := store.Acquire(ctx, p)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.InitProgress(ctx, p, pr.Epoch, 0); err != nil {
+		log.Fatal(err)
+	}
+	rule := dedup.Rule{Mode: dedup.Window, Window: 24 * time.Hour}
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	a := canon.Digest{byte(canon.SchemeJSON1), 0xaa}
+	b := canon.Digest{byte(canon.SchemeJSON1), 0xbb}
+	next := int64(0)
+	decide := func(at time.Duration, id string, content canon.Digest) {
+		batch := &dedup.Batch{Service: "payments", Partition: p, Epoch: pr.Epoch, Rule: rule, Now: start.Add(at),
+			Start: next, End: next + 1, Records: []dedup.Record{{Offset: next, Entity: []byte(id), Digest: content}}}
+		decisions, err := store.Decide(ctx, batch, nil)
+		if err != nil {
+			log.Fatal(err)
+		}
+		next++
+		fmt.Println(at, id, decisions[0])
+	}
+	decide(0, "key-1", a)
+	decide(time.Hour, "key-1", b) // a retry with changed content: still a duplicate
+	decide(time.Hour, "key-2", a)
+	decide(24*time.Hour, "key-1", a) // the window of key-1 is over
+	// Output:
+	// 0s key-1 forward
+	// 1h0m0s key-1 duplicate
+	// 1h0m0s key-2 forward
+	// 24h0m0s key-1 forward
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dam-dedup/dam/canon"
 )
@@ -14,34 +15,58 @@ import (
 // State is the stored state of one identity.
 type State struct {
 	Service string
-	Entity  []byte
+	// Entity is the identity: the entity, or in window mode the message id.
+	Entity []byte
+	// Mode is the rule whose table holds the state.
+	Mode Mode
 	// Digest is the digest of the content last forwarded.
 	Digest canon.Digest
-	// UpdatedAt is when Digest last changed.
+	// UpdatedAt is when the identity was last forwarded (last-seen: its
+	// content changed, or it was refreshed; window: the id was forwarded;
+	// version: its version rose).
 	UpdatedAt time.Time
-	// Topic, Partition and Offset locate the record that set Digest; empty,
+	// Version is the highest version forwarded, in version mode.
+	Version int64
+	// ExpiresAt is when a window-mode id expires; it may be past (expired,
+	// not yet deleted by the cleanup): the id then reads as absent.
+	ExpiresAt time.Time
+	// Topic, Partition and Offset locate the record last forwarded; empty,
 	// -1 and -1 when it was set by Check.
 	Topic     string
 	Partition int32
 	Offset    int64
 }
 
-// ServiceStats summarises one service's state.
+// ServiceStats summarises one service's state in one mode's table.
 type ServiceStats struct {
 	Service string
+	Mode    Mode
 	Rows    int64
 	// Oldest and Newest are the earliest and latest UpdatedAt.
 	Oldest, Newest time.Time
+	// Expired counts window-mode ids past their expiry, waiting for the
+	// cleanup.
+	Expired int64
 }
 
-// Get returns the state of (service, entity), or ErrNotFound.
+// Get returns the state of (service, entity), or ErrNotFound. It looks in
+// every mode's table; if more than one holds the identity (the service
+// changed mode), the most recently forwarded state is returned.
 func (s *Store) Get(ctx context.Context, service string, entity []byte) (State, error) {
 	st := State{Service: service, Entity: entity}
 	var digest []byte
-	err := s.pool.QueryRow(ctx, `SELECT digest, updated_at, coalesce(src_topic, ''),
-		coalesce(src_partition, -1), coalesce(src_offset, -1)
-		FROM state WHERE service = $1 AND entity = $2 AND digest IS NOT NULL`, service, nonNil(entity)).
-		Scan(&digest, &st.UpdatedAt, &st.Topic, &st.Partition, &st.Offset)
+	var expires *time.Time
+	err := s.pool.QueryRow(ctx, `SELECT mode, digest, updated_at, version, expires_at,
+		coalesce(src_topic, ''), coalesce(src_partition, -1), coalesce(src_offset, -1) FROM (
+			SELECT 0 AS mode, digest, updated_at, 0::bigint AS version, NULL::timestamptz AS expires_at,
+				src_topic, src_partition, src_offset
+			FROM state WHERE service = $1 AND entity = $2 AND digest IS NOT NULL
+			UNION ALL SELECT 1, digest, forwarded_at, 0, expires_at, src_topic, src_partition, src_offset
+			FROM window_ids WHERE service = $1 AND id = $2
+			UNION ALL SELECT 2, digest, updated_at, version, NULL, src_topic, src_partition, src_offset
+			FROM versions WHERE service = $1 AND entity = $2) x
+		ORDER BY updated_at DESC LIMIT 1`, service, nonNil(entity)).
+		Scan(&st.Mode, &digest, &st.UpdatedAt, &st.Version, &expires, &st.Topic, &st.Partition, &st.Offset)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return State{}, fmt.Errorf("%w: service %q entity %x", ErrNotFound, service, entity)
 	}
@@ -52,13 +77,17 @@ func (s *Store) Get(ctx context.Context, service string, entity []byte) (State, 
 		return State{}, fmt.Errorf("dedup: get: stored digest is %d bytes, want %d", len(digest), canon.Size)
 	}
 	copy(st.Digest[:], digest)
+	if expires != nil {
+		st.ExpiresAt = *expires
+	}
 	return st, nil
 }
 
-// Reset deletes the state of the given entities of service, or of the whole
-// service when none is given, and returns how many identities it removed.
-// Their next records are forwarded: use it to re-deliver on purpose. It
-// runs in batches (see ResetEntities and ResetService).
+// Reset deletes the state of the given entities (or window-mode ids) of
+// service, or of the whole service when none is given, in every mode's
+// table, and returns how many identities it removed. Their next records
+// are forwarded: use it to re-deliver on purpose. It runs in batches (see
+// ResetEntities and ResetService).
 func (s *Store) Reset(ctx context.Context, service string, entities ...[]byte) (int64, error) {
 	if len(entities) == 0 {
 		return s.ResetService(ctx, service)
@@ -70,20 +99,21 @@ func (s *Store) Reset(ctx context.Context, service string, entities ...[]byte) (
 // locks or one long transaction.
 const pruneBatch = 10000
 
-// The steps of PruneState walk the primary key in chunks (keyset
+// The steps of PruneState walk a table's primary key in chunks (keyset
 // pagination: one pass over the rows, whatever their age) and delete the
 // chunk's rows older than the cutoff. There is no index on updated_at: it
 // would cost every decided record an index insertion (no HOT update).
 // Rows locked by a Decide in progress are skipped: they are being written
-// now, so they are not old.
+// now, so they are not old. The table (state or versions) is the first
+// verb, the condition the second.
 const (
 	sqlPruneChunk = `WITH chunk AS (
-			SELECT service, entity FROM state WHERE %s ORDER BY service, entity LIMIT $3),
+			SELECT service, entity FROM %[1]s WHERE %[2]s ORDER BY service, entity LIMIT $3),
 		doomed AS (
-			SELECT s.service, s.entity FROM state s JOIN chunk c ON s.service = c.service AND s.entity = c.entity
+			SELECT s.service, s.entity FROM %[1]s s JOIN chunk c ON s.service = c.service AND s.entity = c.entity
 			WHERE s.updated_at < now() - make_interval(secs => $4) FOR UPDATE OF s SKIP LOCKED),
 		gone AS (
-			DELETE FROM state s USING doomed d WHERE s.service = d.service AND s.entity = d.entity RETURNING 1)
+			DELETE FROM %[1]s s USING doomed d WHERE s.service = d.service AND s.entity = d.entity RETURNING 1)
 		SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM chunk), service, entity
 		FROM chunk ORDER BY service DESC, entity DESC LIMIT 1`
 	pruneFirstService = `service = $1 AND entity >= $2`
@@ -92,25 +122,139 @@ const (
 	pruneNextAll      = `(service, entity) > ($1, $2)`
 )
 
-// Count returns the number of identities of service with a stored state.
-// It reads only that service's part of the primary key, unlike Stats, which
-// reads the whole table.
+// DefaultCleanupBatch is the number of expired window ids PruneWindow and
+// CleanupWindow delete per statement when given 0.
+const DefaultCleanupBatch = 1000
+
+// sqlExpire deletes up to $2 expired ids of service $1, oldest first along
+// the expiry index, in one short autocommit statement. Rows a Decide holds
+// are skipped: it is deciding them now.
+const sqlExpire = `WITH doomed AS (
+		SELECT id FROM window_ids WHERE service = $1 AND expires_at <= now()
+		ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+	DELETE FROM window_ids w USING doomed d WHERE w.service = $1 AND w.id = d.id`
+
+// sqlWindowServices lists the services with window ids, one index probe
+// per service (a loose index scan).
+const sqlWindowServices = `WITH RECURSIVE s AS (
+		(SELECT service FROM window_ids ORDER BY service LIMIT 1)
+		UNION ALL
+		SELECT (SELECT w.service FROM window_ids w WHERE w.service > s.service ORDER BY w.service LIMIT 1)
+		FROM s WHERE s.service IS NOT NULL)
+	SELECT service FROM s WHERE service IS NOT NULL`
+
+// PruneWindow deletes the expired window-mode ids of service (of every
+// service when service is "") by statements of at most batch rows each (0:
+// DefaultCleanupBatch), each its own short transaction, and returns how
+// many it deleted. Expired ids already read as absent: deleting them only
+// bounds the table. Safe beside deciders and other pruners.
+func (s *Store) PruneWindow(ctx context.Context, service string, batch int) (int64, error) {
+	if service != "" {
+		return s.expire(ctx, s.pool, service, batch)
+	}
+	rows, err := s.pool.Query(ctx, sqlWindowServices)
+	if err != nil {
+		return 0, classify("prune window", err)
+	}
+	services, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, classify("prune window", err)
+	}
+	var total int64
+	for _, svc := range services {
+		n, err := s.expire(ctx, s.pool, svc, batch)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// execer is what expire needs of a pool or a connection.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func (s *Store) expire(ctx context.Context, db execer, service string, batch int) (int64, error) {
+	if batch <= 0 {
+		batch = DefaultCleanupBatch
+	}
+	var total int64
+	for {
+		ct, err := db.Exec(ctx, sqlExpire, service, batch)
+		if err != nil {
+			return total, classify("prune window", err)
+		}
+		total += ct.RowsAffected()
+		if ct.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+	}
+}
+
+// cleanupLockKey is the advisory lock of a service's window cleanup: one
+// key space for dam's cleanups, one key per schema and service.
+const cleanupLockKey = `hashtext('dam.window_cleanup'), hashtext(current_schema() || '/' || $1)`
+
+// CleanupWindow is PruneWindow of one service run by one session at a time:
+// it holds a PostgreSQL advisory lock on the service while it deletes, and
+// returns ran false, having deleted nothing, when another session (another
+// instance's cleanup) holds it. Each statement still deletes at most batch
+// rows in its own transaction: the lock only keeps the instances from
+// competing for the same rows.
+func (s *Store) CleanupWindow(ctx context.Context, service string, batch int) (deleted int64, ran bool, err error) {
+	if service == "" {
+		return 0, false, fmt.Errorf("%w: empty service", ErrInvalid)
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return 0, false, classify("cleanup window", err)
+	}
+	defer conn.Release()
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+cleanupLockKey+`)`, service).Scan(&ran); err != nil || !ran {
+		return 0, false, classify("cleanup window", err)
+	}
+	defer func() {
+		// Unlock even when ctx is done; if that fails, closing the session
+		// releases the lock (Release drops a closed connection).
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock(`+cleanupLockKey+`)`, service); err != nil {
+			_ = conn.Conn().Close(uctx)
+		}
+	}()
+	deleted, err = s.expire(ctx, conn, service, batch)
+	return deleted, true, err
+}
+
+// Count returns the number of identities of service with a stored state,
+// in every mode's table (window ids not yet deleted included). It reads
+// only that service's part of each primary key, unlike Stats, which reads
+// whole tables.
 func (s *Store) Count(ctx context.Context, service string) (int64, error) {
 	var n int64
-	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM state WHERE service = $1 AND digest IS NOT NULL`, service).Scan(&n)
+	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM state WHERE service = $1 AND digest IS NOT NULL)
+		+ (SELECT count(*) FROM window_ids WHERE service = $1) + (SELECT count(*) FROM versions WHERE service = $1)`, service).Scan(&n)
 	return n, classify("count", err)
 }
 
-// Stats returns the row count and age range of every service's state.
+// Stats returns the row count and age range of every service's state, one
+// entry per service and mode, ordered by service then mode.
 func (s *Store) Stats(ctx context.Context) ([]ServiceStats, error) {
-	rows, err := s.pool.Query(ctx, `SELECT service, count(*), min(updated_at), max(updated_at)
-		FROM state WHERE digest IS NOT NULL GROUP BY service ORDER BY service`)
+	rows, err := s.pool.Query(ctx, `SELECT service, 0, count(*), min(updated_at), max(updated_at), 0
+			FROM state WHERE digest IS NOT NULL GROUP BY service
+		UNION ALL SELECT service, 1, count(*), min(forwarded_at), max(forwarded_at), count(*) FILTER (WHERE expires_at <= now())
+			FROM window_ids GROUP BY service
+		UNION ALL SELECT service, 2, count(*), min(updated_at), max(updated_at), 0
+			FROM versions GROUP BY service
+		ORDER BY 1, 2`)
 	if err != nil {
 		return nil, classify("stats", err)
 	}
 	stats, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ServiceStats, error) {
 		var st ServiceStats
-		err := row.Scan(&st.Service, &st.Rows, &st.Oldest, &st.Newest)
+		err := row.Scan(&st.Service, &st.Mode, &st.Rows, &st.Oldest, &st.Newest, &st.Expired)
 		return st, err
 	})
 	return stats, classify("stats", err)

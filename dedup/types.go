@@ -1,24 +1,40 @@
 package dedup
 
-import "github.com/dam-dedup/dam/canon"
+import (
+	"time"
+
+	"github.com/dam-dedup/dam/canon"
+)
 
 // Decision is the outcome for one record. It is an explicit type, never a
 // bool, so that a zero value is never mistaken for a verdict.
 type Decision uint8
 
 const (
-	// Forward: the record's content differs from the stored content for its
-	// identity (or the identity is new); the state now holds its digest.
+	// Forward: the record is new for its identity under the batch's rule
+	// (last-seen: its content differs from the stored content; window: its
+	// id was not seen within the window; version: its version is above the
+	// stored one); the state now holds it.
 	Forward Decision = iota + 1
-	// Duplicate: the record's content equals the stored content; the state
-	// is unchanged.
+	// Duplicate: last-seen: the content equals the stored content; window:
+	// the id was seen within the window, whatever the content; version: the
+	// version equals the stored one. The state is unchanged (but a sliding
+	// window is extended).
 	Duplicate
 	// Invalid: the record could not be decided (bad input); it changes no
 	// state and goes to the dead-letter topic (or halts the partition).
 	Invalid
+	// Stale: version mode: the version is below the stored one (an
+	// out-of-order update). The state is unchanged.
+	Stale
+	// Refresh: last-seen with Rule.RefreshAfter: the content equals the
+	// stored content, but the identity was last forwarded longer ago than
+	// RefreshAfter, so the record is forwarded anyway. The decision log
+	// records it as Forward.
+	Refresh
 )
 
-// String returns "forward", "duplicate" or "invalid".
+// String returns "forward", "duplicate", "invalid", "stale" or "refresh".
 func (d Decision) String() string {
 	switch d {
 	case Forward:
@@ -27,8 +43,63 @@ func (d Decision) String() string {
 		return "duplicate"
 	case Invalid:
 		return "invalid"
+	case Stale:
+		return "stale"
+	case Refresh:
+		return "refresh"
 	}
 	return "unknown"
+}
+
+// Forwards reports whether the record is delivered: Forward or Refresh.
+func (d Decision) Forwards() bool { return d == Forward || d == Refresh }
+
+// Mode is a decision rule (DESIGN §1). The zero value is LastSeen.
+type Mode uint8
+
+// The modes.
+const (
+	// LastSeen: identity (service, entity); forward iff the content's digest
+	// differs from the one last forwarded. Table state.
+	LastSeen Mode = iota
+	// Window: identity (service, message id), the id in Record.Entity;
+	// forward iff the id was not seen within Rule.Window. Table window_ids.
+	Window
+	// Version: identity (service, entity); forward iff Record.Version is
+	// above the highest version forwarded. Table versions.
+	Version
+)
+
+// String returns "last-seen", "window" or "version", the names of the
+// configuration.
+func (m Mode) String() string {
+	switch m {
+	case LastSeen:
+		return "last-seen"
+	case Window:
+		return "window"
+	case Version:
+		return "version"
+	}
+	return "unknown"
+}
+
+// Rule is how a batch's records are decided: its Mode and that mode's
+// settings. The zero value is last-seen without refresh.
+type Rule struct {
+	Mode Mode
+	// Window is how long a window-mode id is remembered, from when it was
+	// forwarded (or, with Sliding, last seen). Required (> 0) in Window
+	// mode. An id is a duplicate while now < its expiry, and absent from
+	// its expiry on: [seen, seen+Window) is the window.
+	Window time.Duration
+	// Sliding: in Window mode, a duplicate extends its id's window to
+	// now + Window.
+	Sliding bool
+	// RefreshAfter: in LastSeen mode, a record equal to the stored content
+	// is forwarded anyway (Refresh) when its identity was last forwarded
+	// more than RefreshAfter ago (strictly). Zero: never.
+	RefreshAfter time.Duration
 }
 
 // Partition names one input partition of one consumer group. Progress,
@@ -43,10 +114,14 @@ type Partition struct {
 type Record struct {
 	// Offset is the record's Kafka offset.
 	Offset int64
-	// Entity is the identity within the service; arbitrary bytes.
+	// Entity is the identity within the service, arbitrary bytes: the
+	// entity, or in Window mode the message id.
 	Entity []byte
 	// Digest is the structural hash of the value. Ignored when Invalid.
+	// Every mode stores the digest of the record it forwarded.
 	Digest canon.Digest
+	// Version is the record's version, in Version mode.
+	Version int64
 	// Invalid marks a record that failed to hash or lacks an identity. It
 	// is logged (so recovery re-delivers its dead letter) but changes no
 	// state.
@@ -58,6 +133,15 @@ type Record struct {
 type Batch struct {
 	// Service is the route's name; state is keyed by (Service, Entity).
 	Service string
+	// Rule is the decision rule. A service keeps one rule: each mode has
+	// its own table, and a service that changes mode starts afresh.
+	Rule Rule
+	// Now is the decision time, against which windows and refreshes are
+	// measured and which is stored. Zero (the sidecar): the database's
+	// clock, the transaction's now(), so that every decider and the
+	// cleanup share one clock. Set it to decide as of a given time (tests,
+	// tools).
+	Now time.Time
 	// Partition is the input partition the records come from.
 	Partition Partition
 	// Epoch is the fencing epoch returned by Acquire. A batch whose epoch is
@@ -78,8 +162,8 @@ type Batch struct {
 }
 
 // LoggedDecision is one entry of the decision log: a record that was
-// forwarded or dead-lettered. Offsets in a logged range that have no entry
-// were duplicates.
+// forwarded (in any mode, refreshes included) or dead-lettered. Offsets in
+// a logged range that have no entry were duplicates (or stale).
 type LoggedDecision struct {
 	Offset   int64
 	Decision Decision // Forward or Invalid

@@ -13,6 +13,13 @@
 //   - progress(grp, topic, part, next_offset, epoch), primary key
 //     (grp, topic, part): each input partition's next offset to decide (P)
 //     and its fencing epoch.
+//   - window_ids(service, id, expires_at, forwarded_at, digest, src_topic,
+//     src_partition, src_offset), primary key (service, id): window mode's
+//     message ids until they expire. Indexed on (service, expires_at) for
+//     the cleanup.
+//   - versions(service, entity, version, digest, updated_at, src_topic,
+//     src_partition, src_offset), primary key (service, entity): version
+//     mode's highest version forwarded per identity.
 //   - decision_log(grp, topic, part, first_offset, end_offset, offsets,
 //     decisions, entities, logged_at), primary key (grp, topic, part,
 //     first_offset): one row per decided batch with its forwarded and

@@ -105,6 +105,7 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		End:       recs[len(recs)-1].Offset + 1,
 		Records:   make([]dedup.Record, 0, len(recs)),
 		NoLog:     catchUp,
+		Rule:      w.rt.rule,
 	}
 	var causes []error // per record, only once a record is bad
 	var halt error
@@ -152,12 +153,12 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 			j.add(w.rt.deadLetter(r, causes[i]), r, outcomeInvalid)
 		case undecided:
 			j.add(w.rt.output(r, false), r, outcomeUndecided)
-		case decisions[i] == dedup.Forward:
-			j.add(w.rt.output(r, false), r, outcomeForwarded)
-		case w.rt.shadow:
-			j.add(w.rt.output(r, true), r, outcomeDuplicate)
+		case decisions[i].Forwards():
+			j.add(w.rt.output(r, false), r, outcomeOf(decisions[i]))
+		case w.rt.shadow: // a duplicate (or stale): marked
+			j.add(w.rt.output(r, true), r, outcomeOf(decisions[i]))
 		default:
-			j.counts[outcomeDuplicate]++
+			j.counts[outcomeOf(decisions[i])]++
 		}
 	}
 	return w.emit(j)

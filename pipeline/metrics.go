@@ -3,6 +3,8 @@ package pipeline
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/dam-dedup/dam/dedup"
 )
 
 // outcome is what happened to an input record, the label of
@@ -18,12 +20,37 @@ const (
 	outcomeRebuilt                  // re-delivered from the decision log during recovery
 	outcomeCaughtUp                 // decided without forwarding to catch the state up to Kafka's offset
 	outcomeUndecided                // forwarded undecided while the store was down (on_store_failure: forward)
+	outcomeStale                    // version mode: a version below the one forwarded: dropped (or marked)
+	outcomeRefreshed                // last-seen with refresh_after: unchanged, but forwarded (re-sync)
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"forwarded", "duplicate", "invalid", "refused", "rebuilt", "caught_up", "undecided"}
+var outcomeNames = [numOutcomes]string{"forwarded", "duplicate", "invalid", "refused", "rebuilt", "caught_up", "undecided", "stale", "refreshed"}
 
 func (o outcome) String() string { return outcomeNames[o] }
+
+// outcomeOf is the outcome of a decided valid record. (A decision read
+// back from the log after a lost reply is Forward or Duplicate: a refresh
+// then counts as forwarded and a stale record as a duplicate.)
+func outcomeOf(d dedup.Decision) outcome {
+	switch d {
+	case dedup.Forward:
+		return outcomeForwarded
+	case dedup.Refresh:
+		return outcomeRefreshed
+	case dedup.Stale:
+		return outcomeStale
+	}
+	return outcomeDuplicate
+}
+
+// The results of a window cleanup round, the label of
+// dam_window_cleanups_total.
+const (
+	cleanupDone    = "done"    // this instance deleted the expired ids
+	cleanupSkipped = "skipped" // another instance was cleaning the service
+	cleanupFailed  = "failed"  // a store error; retried at the next interval
+)
 
 // outcomes counts records per outcome.
 type outcomes [numOutcomes]int
@@ -39,6 +66,9 @@ type metrics struct {
 	lag           *prometheus.GaugeVec
 	assigned      *prometheus.GaugeVec
 	stateRows     *prometheus.GaugeVec
+	// Window mode's cleanup.
+	windowExpired  *prometheus.CounterVec
+	windowCleanups *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -46,7 +76,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return &metrics{
 		records: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dam_records_total",
-			Help: "Input records by service and outcome (forwarded, duplicate, invalid, refused, rebuilt, caught_up, undecided).",
+			Help: "Input records by service and outcome (forwarded, duplicate, invalid, refused, rebuilt, caught_up, undecided, stale, refreshed).",
 		}, []string{"service", "outcome"}),
 		deadLetters: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dam_dead_letters_total",
@@ -87,6 +117,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "dam_state_rows",
 			Help: "Identities with stored state, per service (refreshed every minute).",
 		}, []string{"service"}),
+		windowExpired: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dam_window_expired_total",
+			Help: "Expired window-mode ids deleted by this instance's cleanup.",
+		}, []string{"service"}),
+		windowCleanups: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dam_window_cleanups_total",
+			Help: "Window cleanup rounds by result: done, skipped (another instance was cleaning the service) or failed.",
+		}, []string{"service", "result"}),
 	}
 }
 

@@ -278,6 +278,12 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	bg.Add(2)
 	go func() { defer bg.Done(); p.probeLoop(bgCtx) }()
 	go func() { defer bg.Done(); p.stateRowsLoop(bgCtx) }()
+	for _, rt := range p.routes {
+		if rt.rule.Mode == dedup.Window {
+			bg.Add(1)
+			go func() { defer bg.Done(); p.cleanupLoop(bgCtx, rt) }()
+		}
+	}
 	p.log.Info("consuming", zap.String("group", p.cfg.Kafka.Group), zap.Int("routes", len(p.routes)),
 		zap.String("delivery", p.cfg.Kafka.Delivery))
 

@@ -335,7 +335,7 @@ func (rp *replay) owes(rt *route, r *kgo.Record) ([]byte, bool) {
 	if len(rp.owed) == 0 {
 		return nil, false
 	}
-	entity, _, err := rt.identify(r)
+	entity, _, _, err := rt.identify(r)
 	if err != nil {
 		return nil, false
 	}

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -39,27 +40,24 @@ type route struct {
 	// down (on_store_failure: forward) instead of pausing.
 	forwardUndecided bool
 	hasher           *canon.Hasher
-	entity           entityFunc // key or header; nil: a pointer, read by the hasher
+	// entity extracts the identity from the key or a header: the entity or,
+	// in window mode, the message id; nil when it comes from a pointer,
+	// read by the hasher (identify, modes.go).
+	entity entityFunc
+	// rule is the route's decision rule; the extraction of identity and
+	// version and the window cleanup settings are modes.go's.
+	rule         dedup.Rule
+	ident        pointerValue // the identity's pointer value, when entity is nil
+	version      versionSource
+	npointers    int // values the hasher reads in its pass
+	cleanupEvery time.Duration
+	cleanupBatch int
 }
 
 func compileRoute(rc config.Route) (*route, error) {
 	format, err := canon.ParseFormat(rc.Format)
 	if err != nil {
 		return nil, err
-	}
-	opts := []canon.Option{
-		canon.WithFormat(format),
-		canon.WithIgnore(rc.Ignore...),
-		canon.WithMaxDepth(rc.MaxDepth),
-		canon.WithMaxSize(rc.MaxSize),
-	}
-	src := rc.EntitySource()
-	if src.Kind == config.EntityPointer {
-		opts = append(opts, canon.WithValues(src.Pointer))
-	}
-	h, err := canon.New(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("route %s: %w", rc.Service, err)
 	}
 	r := &route{
 		service:          rc.Service,
@@ -70,16 +68,19 @@ func compileRoute(rc config.Route) (*route, error) {
 		preserve:         rc.Partitioning == config.PartitioningPreserve,
 		maxSize:          rc.MaxSize,
 		forwardUndecided: rc.OnStoreFailure == config.OnStoreFailureForward,
-		hasher:           h,
 	}
-	switch src.Kind {
-	case config.EntityPointer:
-		// read by the hasher (identify)
-	case config.EntityHeader:
-		r.entity = headerEntity(src.Header)
-	default:
-		r.entity = keyEntity
+	pointers := r.compileMode(rc)
+	h, err := canon.New(
+		canon.WithFormat(format),
+		canon.WithIgnore(rc.Ignore...),
+		canon.WithMaxDepth(rc.MaxDepth),
+		canon.WithMaxSize(rc.MaxSize),
+		canon.WithValues(pointers...),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("route %s: %w", rc.Service, err)
 	}
+	r.hasher = h
 	return r, nil
 }
 
@@ -88,7 +89,7 @@ func compileRoute(rc config.Route) (*route, error) {
 func (rt *route) classify(r *kgo.Record) (dedup.Record, error) {
 	rec := dedup.Record{Offset: r.Offset}
 	var err error
-	rec.Entity, rec.Digest, err = rt.identify(r)
+	rec.Entity, rec.Version, rec.Digest, err = rt.identify(r)
 	if err != nil {
 		rec.Invalid = true
 		return rec, err

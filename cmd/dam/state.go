@@ -20,11 +20,14 @@ func newStateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "state",
 		Short: "Inspect, reset and prune the stored state",
-		Long: `Inspect and change what dam remembers per (service, entity): the digest of
-the content it last forwarded. Resetting an identity makes its next record
-forwarded (to re-deliver on purpose: reset, then replay upstream).
+		Long: `Inspect and change what dam remembers per identity, in every mode: per
+(service, entity) the digest of the content last forwarded (last-seen) or
+the highest version forwarded (version), per (service, message id) when the
+id expires (window). Resetting an identity makes its next record forwarded
+(to re-deliver on purpose: reset, then replay upstream).
 
-Entities are given as text, or as hex with --hex for keys that are not text.`,
+Entities (and window ids) are given as text, or as hex with --hex for keys
+that are not text.`,
 	}
 	addDSNFlag(cmd, true)
 	cmd.PersistentFlags().Bool("hex", false, "ENTITY arguments are hex-encoded bytes")
@@ -70,7 +73,7 @@ func showEntity(e []byte) string {
 func newStateGetCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get SERVICE ENTITY",
-		Short: "Show the stored digest of one identity",
+		Short: "Show the stored state of one identity (an entity, or a window id)",
 		Args:  argsUsage(cobra.ExactArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			asJSON, err := outputJSON(cmd)
@@ -98,9 +101,24 @@ func newStateGetCmd() *cobra.Command {
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "service\t%s\n", st.Service)
-			fmt.Fprintf(w, "entity\t%s\n", showEntity(st.Entity))
+			fmt.Fprintf(w, "mode\t%s\n", st.Mode)
+			if st.Mode == dedup.Window {
+				fmt.Fprintf(w, "id\t%s\n", showEntity(st.Entity))
+			} else {
+				fmt.Fprintf(w, "entity\t%s\n", showEntity(st.Entity))
+			}
+			if st.Mode == dedup.Version {
+				fmt.Fprintf(w, "version\t%d\n", st.Version)
+			}
 			fmt.Fprintf(w, "digest\t%s\n", st.Digest)
-			fmt.Fprintf(w, "updated_at\t%s\n", st.UpdatedAt.UTC().Format(time.RFC3339Nano))
+			fmt.Fprintf(w, "forwarded_at\t%s\n", st.UpdatedAt.UTC().Format(time.RFC3339Nano))
+			if st.Mode == dedup.Window {
+				exp := st.ExpiresAt.UTC().Format(time.RFC3339Nano)
+				if !time.Now().Before(st.ExpiresAt) {
+					exp += " (expired: the id reads as absent; the cleanup deletes it)"
+				}
+				fmt.Fprintf(w, "expires_at\t%s\n", exp)
+			}
 			if st.Topic != "" {
 				fmt.Fprintf(w, "source\t%s/%d@%d\n", st.Topic, st.Partition, st.Offset)
 			} else {
@@ -237,45 +255,63 @@ func readEntities(cmd *cobra.Command, name string) ([][]byte, error) {
 func newStatePruneCmd() *cobra.Command {
 	var olderThan time.Duration
 	var service string
-	var batch int
+	var batch, windowBatch int
 	cmd := &cobra.Command{
-		Use:   "prune --older-than DURATION [--service S]",
-		Short: "Delete state not changed for a while",
-		Long: `Delete the state of identities whose stored digest has not changed for
---older-than (of one service, or of all). A pruned identity's next record
-is forwarded: prune only beyond the age at which a repeat no longer
-matters. It walks the state in batches of --batch rows, each a short
-statement of its own (rows being decided are skipped), showing its progress
-on stderr (a bar on a terminal, plain lines otherwise).`,
+		Use:   "prune [--older-than DURATION] [--service S]",
+		Short: "Delete expired window ids, and state not forwarded for a while",
+		Long: `Delete the expired ids of window-mode services (of one service, or of
+all), in statements of --window-batch rows, each its own short transaction:
+what the background cleanup of 'dam run' does, on demand. Expired ids
+already read as absent, so this changes no decision.
+
+With --older-than, also delete the last-seen and version state of
+identities not forwarded for that long. A pruned identity's next record is
+forwarded (in version mode, even an older version): prune only beyond the
+age at which a repeat no longer matters. It walks the state in batches of
+--batch rows, each a short statement of its own (rows being decided are
+skipped), showing its progress on stderr (a bar on a terminal, plain lines
+otherwise).`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if olderThan <= 0 {
+			if cmd.Flags().Changed("older-than") && olderThan <= 0 {
 				return usagef("prune: --older-than must be a positive duration, e.g. 720h")
 			}
 			if batch <= 0 {
 				return usagef("prune: --batch must be positive")
 			}
-			pr, err := newProgress(cmd, "prune", "rows walked", isTerminal)
-			if err != nil {
-				return err
+			if windowBatch <= 0 {
+				return usagef("prune: --window-batch must be positive")
 			}
 			s, err := openStore(cmd)
 			if err != nil {
 				return err
 			}
 			defer s.Close()
-			n, err := s.PruneState(cmd.Context(), service, olderThan, dedup.WithBatchSize(batch), dedup.WithProgress(pr.step))
+			n, err := s.PruneWindow(cmd.Context(), service, windowBatch)
+			if err != nil {
+				return fmt.Errorf("prune stopped after deleting %d expired window ids: %w", n, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "deleted %d expired window ids\n", n)
+			if olderThan <= 0 {
+				return nil
+			}
+			pr, err := newProgress(cmd, "prune", "rows walked", isTerminal)
+			if err != nil {
+				return err
+			}
+			n, err = s.PruneState(cmd.Context(), service, olderThan, dedup.WithBatchSize(batch), dedup.WithProgress(pr.step))
 			pr.done()
 			if err != nil {
 				return fmt.Errorf("prune stopped after deleting %d identities: %w", n, err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "pruned %d identities not changed for %s\n", n, olderThan)
+			fmt.Fprintf(cmd.OutOrStdout(), "pruned %d identities not forwarded for %s\n", n, olderThan)
 			return nil
 		},
 	}
-	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "minimum age since the last change (e.g. 720h)")
+	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "also prune last-seen and version state not forwarded for this long (e.g. 720h)")
 	cmd.Flags().StringVar(&service, "service", "", "only this service (default: all)")
-	cmd.Flags().IntVar(&batch, "batch", 10000, "rows walked per statement")
+	cmd.Flags().IntVar(&batch, "batch", 10000, "state rows walked per statement (with --older-than)")
+	cmd.Flags().IntVar(&windowBatch, "window-batch", dedup.DefaultCleanupBatch, "expired window ids deleted per statement")
 	addProgressFlag(cmd)
 	return cmd
 }
@@ -283,7 +319,7 @@ on stderr (a bar on a terminal, plain lines otherwise).`,
 func newStateStatsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "stats",
-		Short: "Count stored identities per service",
+		Short: "Count stored identities per service and mode",
 		Args:  argsUsage(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := outputJSON(cmd)
@@ -307,9 +343,15 @@ func newStateStatsCmd() *cobra.Command {
 				return writeJSON(cmd.OutOrStdout(), out)
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "SERVICE\tROWS\tOLDEST\tNEWEST")
+			// OLDEST and NEWEST: when identities were last forwarded;
+			// EXPIRED: window ids waiting for the cleanup.
+			fmt.Fprintln(w, "SERVICE\tMODE\tROWS\tEXPIRED\tOLDEST\tNEWEST")
 			for _, st := range stats {
-				fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", st.Service, st.Rows,
+				expired := "-"
+				if st.Mode == dedup.Window {
+					expired = strconv.FormatInt(st.Expired, 10)
+				}
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", st.Service, st.Mode, st.Rows, expired,
 					st.Oldest.UTC().Format(time.RFC3339), st.Newest.UTC().Format(time.RFC3339))
 			}
 			return w.Flush()

@@ -4,10 +4,11 @@
 //   - canon: BenchmarkSum (canon vs the naive decode/re-marshal hash and vs a
 //     plain SHA-256 of the bytes, and SumValues reading an entity in the
 //     same pass vs Sum), medians over -count runs;
-//   - dedup: BenchmarkDecide (batched Decide vs the per-record CAS), medians;
+//   - dedup: BenchmarkDecide (batched Decide vs the per-record CAS, and each
+//     mode's batched Decide next to last-seen's), medians;
 //   - end to end: the internal/e2ebench program (passthrough, naive, dam
-//     with entity: key, dam-pointer with entity: /id), which prints its
-//     ratios, the pointer route's vs the key route's among them.
+//     with entity: key, dam-pointer with entity: /id, dam-eos in
+//     exactly-once mode), which prints its ratios;
 //   - dam serve: the internal/servebench program (open-loop load at rising
 //     request rates; the highest rate held with p99 under 250 ms).
 //
@@ -220,7 +221,7 @@ func printDedup(w io.Writer, r results) bool {
 	}
 	var names []string
 	for name := range r {
-		if strings.HasPrefix(name, "BenchmarkDecide/") {
+		if strings.HasPrefix(name, "BenchmarkDecide/") && !strings.Contains(strings.TrimPrefix(name, "BenchmarkDecide/"), "/") {
 			names = append(names, name)
 		}
 	}
@@ -244,7 +245,34 @@ func printDedup(w io.Writer, r results) bool {
 		return false
 	}
 	fmt.Fprintf(w, "  batch=1000 >= 12x percas %6.1fx  %s\n", batch1000, verdict(batch1000 >= 12))
-	return true
+	return printModes(w, r)
+}
+
+// modes are the decision rules BenchmarkDecide runs next to last-seen, as
+// BenchmarkDecide/MODE/batch=1000.
+var modes = []string{"refresh", "window", "version"}
+
+// printModes prints each mode's batched decide next to last-seen's
+// (batch=1000); false if a result is missing.
+func printModes(w io.Writer, r results) bool {
+	base, ok := r.median("BenchmarkDecide/batch=1000", "records/s")
+	if !ok || base == 0 {
+		fmt.Fprintln(w, "no BenchmarkDecide/batch=1000 result")
+		return false
+	}
+	fmt.Fprintf(w, "\n%-12s %12s %14s\n", "mode", "records/s", "vs last-seen")
+	fmt.Fprintf(w, "%-12s %12.0f %13.2fx\n", "last-seen", base, 1.0)
+	complete := true
+	for _, m := range modes {
+		v, ok := r.median("BenchmarkDecide/"+m+"/batch=1000", "records/s")
+		if !ok {
+			fmt.Fprintf(w, "%-12s missing result\n", m)
+			complete = false
+			continue
+		}
+		fmt.Fprintf(w, "%-12s %12.0f %13.2fx\n", m, v, v/base)
+	}
+	return complete
 }
 
 // variantOrder sorts percas first, then batches by size.

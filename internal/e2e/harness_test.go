@@ -106,13 +106,16 @@ type broker struct {
 	t       *testing.T
 	port    int
 	dataDir string
+	topics  []string
 	mu      sync.Mutex
 	c       *kfake.Cluster
 }
 
-func newBroker(t *testing.T, persistent bool) *broker {
+// newBroker starts a broker holding the default route's topics and the
+// extra ones.
+func newBroker(t *testing.T, persistent bool, extra ...string) *broker {
 	t.Helper()
-	b := &broker{t: t, port: freePort(t)}
+	b := &broker{t: t, port: freePort(t), topics: append([]string{inTopic, outTopic, deadTopic}, extra...)}
 	if persistent {
 		b.dataDir = filepath.Join(t.TempDir(), "kfake")
 	}
@@ -125,7 +128,7 @@ func (b *broker) addr() string { return fmt.Sprintf("127.0.0.1:%d", b.port) }
 
 func (b *broker) start() {
 	b.t.Helper()
-	opts := []kfake.Opt{kfake.Ports(b.port), kfake.SeedTopics(partitions, inTopic, outTopic, deadTopic)}
+	opts := []kfake.Opt{kfake.Ports(b.port), kfake.SeedTopics(partitions, b.topics...)}
 	if b.dataDir != "" {
 		opts = append(opts, kfake.DataDir(b.dataDir), kfake.SyncWrites())
 	}
@@ -176,7 +179,17 @@ type sidecarOpts struct {
 	brokers string
 	dsn     string
 	grace   time.Duration
+	// routes is the YAML of the configuration's routes list; "" is one
+	// last-seen route over inTopic, outTopic and deadTopic (service e2e).
+	routes string
 }
+
+var defaultRoutes = fmt.Sprintf(`
+  - service: e2e
+    from: %s
+    to: %s
+    dead_letter: %s
+`, inTopic, outTopic, deadTopic)
 
 func newSidecar(t *testing.T, name string, o sidecarOpts) *sidecar {
 	t.Helper()
@@ -184,6 +197,9 @@ func newSidecar(t *testing.T, name string, o sidecarOpts) *sidecar {
 	dir := t.TempDir()
 	if o.grace == 0 {
 		o.grace = 15 * time.Second
+	}
+	if o.routes == "" {
+		o.routes = defaultRoutes
 	}
 	s := &sidecar{t: t, name: name, logDir: dir, grace: o.grace,
 		httpAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
@@ -214,12 +230,7 @@ pipeline:
   shutdown_grace: %s
   retry_min: 50ms
   retry_max: 1s
-routes:
-  - service: e2e
-    from: %s
-    to: %s
-    dead_letter: %s
-`, o.brokers, name, o.dsn, s.httpAddr, o.grace, inTopic, outTopic, deadTopic)
+routes:%s`, o.brokers, name, o.dsn, s.httpAddr, o.grace, o.routes)
 	if err := os.WriteFile(s.cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -424,21 +435,34 @@ func (s *sidecar) waitReady(limit time.Duration) {
 	s.t.Fatalf("%s: not ready within %s", s.name, limit)
 }
 
-// loadgen produces n records over entities entities at a steady rate.
+// loadgen produces n records to a topic at a steady rate, each made by its
+// generator.
 type loadgen struct {
 	t        *testing.T
 	brokers  string
+	topic    string
 	n        int
-	entities int
+	gen      generator
 	rate     int // records per second
 	produced atomic.Int64
 	done     chan struct{}
 	err      error
 }
 
+// generator makes the record with sequence number seq; records are
+// partitioned by key.
+type generator func(rng *rand.Rand, seq int) *kgo.Record
+
+// startLoad produces n projections of entities entities to inTopic over
+// d (see projections).
 func startLoad(t *testing.T, brokers string, n, entities int, d time.Duration) *loadgen {
+	return startLoadTo(t, brokers, inTopic, n, d, projections(entities))
+}
+
+// startLoadTo produces n records made by gen to topic over d.
+func startLoadTo(t *testing.T, brokers, topic string, n int, d time.Duration, gen generator) *loadgen {
 	t.Helper()
-	g := &loadgen{t: t, brokers: brokers, n: n, entities: entities, rate: int(float64(n) / d.Seconds()), done: make(chan struct{})}
+	g := &loadgen{t: t, brokers: brokers, topic: topic, n: n, gen: gen, rate: int(float64(n) / d.Seconds()), done: make(chan struct{})}
 	go func() {
 		defer close(g.done)
 		g.err = g.run()
@@ -447,29 +471,37 @@ func startLoad(t *testing.T, brokers string, n, entities int, d time.Duration) *
 	return g
 }
 
+// projections is last-seen's stream: records keyed by entity whose value
+// repeats the entity's previous value 30% of the time.
+func projections(entities int) generator {
+	last := make([][]byte, entities)
+	version := make([]int, entities)
+	pad := strings.Repeat("x", 150)
+	return func(rng *rand.Rand, seq int) *kgo.Record {
+		e := rng.IntN(entities)
+		if last[e] == nil || rng.Float64() >= 0.3 {
+			version[e]++
+			last[e] = fmt.Appendf(nil, `{"e":"k%d","v":%d,"seq":%d,"pad":%q}`, e, version[e], seq, pad)
+		}
+		return &kgo.Record{Key: fmt.Appendf(nil, "k%d", e), Value: last[e]}
+	}
+}
+
 func (g *loadgen) run() error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(g.brokers), kgo.DefaultProduceTopic(inTopic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(g.brokers), kgo.DefaultProduceTopic(g.topic),
 		kgo.ProducerLinger(5*time.Millisecond), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	last := make([][]byte, g.entities)
-	version := make([]int, g.entities)
-	pad := strings.Repeat("x", 150)
 	const chunk = 100
 	tick := time.Duration(float64(time.Second) * chunk / float64(g.rate))
 	next := time.Now()
 	for sent := 0; sent < g.n; {
 		batch := make([]*kgo.Record, 0, chunk)
 		for ; len(batch) < chunk && sent < g.n; sent++ {
-			e := rng.IntN(g.entities)
-			if last[e] == nil || rng.Float64() >= 0.3 {
-				version[e]++
-				last[e] = fmt.Appendf(nil, `{"e":"k%d","v":%d,"seq":%d,"pad":%q}`, e, version[e], sent, pad)
-			}
-			batch = append(batch, &kgo.Record{Key: fmt.Appendf(nil, "k%d", e), Value: last[e]})
+			batch = append(batch, g.gen(rng, sent))
 		}
 		// Blocks (the client retries) while the broker is down: the input
 		// is never dropped, only delayed.
@@ -526,19 +558,50 @@ func sortRecs(rs []*kgo.Record) {
 	})
 }
 
-// check compares the output topic with the last-seen model of the input.
-func check(brokers string) (report, error) {
-	in, err := testkafka.ReadAll(brokers, inTopic)
-	if err != nil {
-		return report{}, fmt.Errorf("reading %s: %w", inTopic, err)
+// model returns what a route forwards of its input (in partition and
+// offset order): per key, the forwarded values in order. Records of one
+// key share a partition, so the model holds whatever the interleaving of
+// partitions.
+type model func(in []*kgo.Record) map[string][]string
+
+// lastSeenModel forwards a record iff its value differs from its key's
+// previous one.
+func lastSeenModel(in []*kgo.Record) map[string][]string {
+	prev := map[string]string{}
+	m := map[string][]string{}
+	for _, rec := range in {
+		k, v := string(rec.Key), string(rec.Value)
+		if p, ok := prev[k]; ok && p == v {
+			continue
+		}
+		prev[k] = v
+		m[k] = append(m[k], v)
 	}
-	out, err := testkafka.ReadAll(brokers, outTopic)
+	return m
+}
+
+// routeCheck names a route's topics and model for the checker.
+type routeCheck struct {
+	in, out, dead string
+	model         model
+}
+
+// defaultCheck is the default route's (sidecarOpts.routes "").
+var defaultCheck = routeCheck{inTopic, outTopic, deadTopic, lastSeenModel}
+
+// check compares the route's output topic with its model of the input.
+func (rc routeCheck) check(brokers string) (report, error) {
+	in, err := testkafka.ReadAll(brokers, rc.in)
 	if err != nil {
-		return report{}, fmt.Errorf("reading %s: %w", outTopic, err)
+		return report{}, fmt.Errorf("reading %s: %w", rc.in, err)
 	}
-	dead, err := testkafka.ReadAll(brokers, deadTopic)
+	out, err := testkafka.ReadAll(brokers, rc.out)
 	if err != nil {
-		return report{}, fmt.Errorf("reading %s: %w", deadTopic, err)
+		return report{}, fmt.Errorf("reading %s: %w", rc.out, err)
+	}
+	dead, err := testkafka.ReadAll(brokers, rc.dead)
+	if err != nil {
+		return report{}, fmt.Errorf("reading %s: %w", rc.dead, err)
 	}
 	sortRecs(in)
 	sortRecs(out)
@@ -548,22 +611,15 @@ func check(brokers string) (report, error) {
 			r.firstProblems = append(r.firstProblems, fmt.Sprintf(f, a...))
 		}
 	}
-	// The model: per entity, the values forwarded, in order.
-	prev := map[string]string{}
-	model := map[string][]string{}
+	// The model: per key, the values forwarded, in order.
+	model := rc.model(in)
 	modelSet := map[string]map[string]bool{}
-	for _, rec := range in {
-		k, v := string(rec.Key), string(rec.Value)
-		if p, ok := prev[k]; ok && p == v {
-			continue
+	for k, vs := range model {
+		modelSet[k] = map[string]bool{}
+		for _, v := range vs {
+			modelSet[k][v] = true
 		}
-		prev[k] = v
-		model[k] = append(model[k], v)
-		if modelSet[k] == nil {
-			modelSet[k] = map[string]bool{}
-		}
-		modelSet[k][v] = true
-		r.forwards++
+		r.forwards += len(vs)
 	}
 	// The output: per entity, first occurrences in output order.
 	seen := map[string]map[string]bool{}
@@ -610,15 +666,21 @@ func check(brokers string) (report, error) {
 	return r, nil
 }
 
-// waitDelivered polls the checker until nothing is lost (or limit), then
-// returns the last report.
+// waitDelivered polls the checker of the default route until nothing is
+// lost (or limit), then returns the last report.
 func waitDelivered(t *testing.T, brokers string, limit time.Duration, alive ...*sidecar) report {
+	t.Helper()
+	return waitDeliveredRoute(t, brokers, defaultCheck, limit, alive...)
+}
+
+// waitDeliveredRoute is waitDelivered for the route rc.
+func waitDeliveredRoute(t *testing.T, brokers string, rc routeCheck, limit time.Duration, alive ...*sidecar) report {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	var r report
 	var err error
 	for {
-		r, err = check(brokers)
+		r, err = rc.check(brokers)
 		if err == nil && r.lost == 0 {
 			return r
 		}

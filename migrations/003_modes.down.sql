@@ -1,0 +1,2 @@
+DROP TABLE versions;
+DROP TABLE window_ids;
