@@ -101,5 +101,8 @@ func argsUsage(v cobra.PositionalArgs) cobra.PositionalArgs {
 }
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	stop := cpuProfile()
+	code := run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -50,4 +51,31 @@ func pauseHook(log *zap.Logger) (pipeline.Option, error) {
 		_ = log.Sync()
 		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 	}), nil
+}
+
+// envCPUProfile names the benchmark's profiling variable: with
+// DAM_TEST_CPUPROFILE=FILE, dam writes a CPU profile of its whole run to
+// FILE (go run ./internal/e2ebench -profile DIR). Like every DAM_TEST_
+// variable it belongs to the test suite.
+const envCPUProfile = "DAM_TEST_CPUPROFILE"
+
+// cpuProfile starts the profile envCPUProfile asks for and returns what
+// stops it.
+func cpuProfile() (stop func()) {
+	path := os.Getenv(envCPUProfile)
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "dam: %s: %v\n", envCPUProfile, err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
 }

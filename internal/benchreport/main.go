@@ -71,7 +71,12 @@ func main() {
 
 	if !*skipE2E {
 		fmt.Printf("\n== end to end (internal/e2ebench)\n")
-		if err := runProgram("e2ebench", strings.Fields(*e2eArgs)); err != nil {
+		args := strings.Fields(*e2eArgs)
+		if best, name := bestDecide(parse(dedupOut)); best > 0 {
+			// e2ebench compares dam's rate with PostgreSQL's own limit.
+			args = append(args, "-decide-best", strconv.FormatFloat(best, 'f', 0, 64), "-decide-best-name", name)
+		}
+		if err := runProgram("e2ebench", args); err != nil {
 			fmt.Fprintf(os.Stderr, "benchreport: e2ebench: %v\n", err)
 			failed = true
 		}
@@ -210,6 +215,22 @@ func printCanon(w io.Writer, r results) bool {
 	fmt.Fprintf(w, "  canon >= 0.3x sha256    %6.2fx  %s\n", target.sha, verdict(target.sha >= 0.3))
 	fmt.Fprintf(w, "  canon 0 allocs/op       %6.0f   %s\n", target.allocs, verdict(target.allocs == 0))
 	return complete
+}
+
+// bestDecide returns the highest median records/s of the batched Decide
+// benchmarks (last-seen) and its variant.
+func bestDecide(r results) (float64, string) {
+	best, name := 0.0, ""
+	for n := range r {
+		v := strings.TrimPrefix(n, "BenchmarkDecide/")
+		if !strings.HasPrefix(v, "batch=") || strings.Contains(v, "/") {
+			continue
+		}
+		if rate, ok := r.median(n, "records/s"); ok && rate > best {
+			best, name = rate, v
+		}
+	}
+	return best, name
 }
 
 // printDedup prints the dedup table; false if a result is missing.

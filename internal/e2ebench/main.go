@@ -68,7 +68,13 @@ type options struct {
 	variants                        string
 	batchSize, maxInFlight          int
 	maxConns                        int
+	maxBatch                        int
 	damBin                          string
+	decideBest                      float64 // records/s of the best Decide benchmark batch, this run
+	decideBestName                  string
+	base                            string // git revision of the dam-base variant
+	profile                         string // directory of the dam variants' CPU profiles
+	baseBin                         string
 }
 
 func main() {
@@ -87,12 +93,17 @@ func main() {
 	flag.DurationVar(&o.steady, "steady", 5*time.Second, "duration of the steady phase")
 	flag.Float64Var(&o.dupRate, "dup-rate", 0.30, "share of records repeating their entity's content")
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $"+envDSN+", else "+defaultDSN+", else a throwaway local cluster)")
-	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam,dam-pointer,dam-pointer,dam,dam-eos",
-		"variants to run, in order (dam-pointer: dam with entity: /id; the two dam routes run in both orders; dam-eos: dam with kafka.delivery: exactly-once)")
+	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-pointer,dam-pointer,dam,dam-base,dam-eos",
+		"variants to run, in order (dam-base: dam built at -base; dam-pointer: dam with entity: /id; the dam variants run in both orders; dam-eos: dam with kafka.delivery: exactly-once)")
 	flag.IntVar(&o.batchSize, "batch-size", 0, "dam pipeline.batch_size (0: dam's default)")
 	flag.IntVar(&o.maxInFlight, "max-in-flight", 0, "dam pipeline.max_in_flight (0: dam's default)")
 	flag.IntVar(&o.maxConns, "max-conns", 0, "dam postgres.max_conns (0: dam's default)")
+	flag.IntVar(&o.maxBatch, "max-batch", 0, "dam pipeline.max_batch (0: dam's default)")
+	flag.StringVar(&o.profile, "profile", "", "write each dam variant's CPU profile to this directory (go tool pprof)")
+	flag.Float64Var(&o.decideBest, "decide-best", 0, "records/s of the best batched Decide benchmark in the same run (make bench passes it)")
+	flag.StringVar(&o.decideBestName, "decide-best-name", "", "its variant")
 	flag.StringVar(&o.damBin, "dam", "", "dam binary (default: build ./cmd/dam)")
+	flag.StringVar(&o.base, "base", os.Getenv("BASE"), "git revision of the dam-base variant (default $BASE, else the last commit that changed the README's dam figures)")
 	flag.Parse()
 
 	if ca.kind != "" {
@@ -125,6 +136,11 @@ type result struct {
 	saturated bool // could not keep up with the steady rate: its latency is queueing
 	rssKB     int64
 	cpu       time.Duration // the process's user+system CPU time, both phases
+	// Over the backlog phase: the WAL the server wrote (anything else
+	// writing to the same server counts too) and the CPU time of this
+	// variant's PostgreSQL backends.
+	walBytes int64
+	pgCPU    time.Duration
 }
 
 func (r result) rate() float64 { return float64(r.records) / r.elapsed.Seconds() }
@@ -157,6 +173,12 @@ func run(o options) error {
 		}
 	}
 
+	if strings.Contains(o.variants, "dam-base") {
+		if o.baseBin, o.base, err = buildBase(tmp, o.base); err != nil {
+			return fmt.Errorf("dam-base: %w", err)
+		}
+	}
+
 	var results []result
 	for _, v := range strings.Split(o.variants, ",") {
 		n := o.records
@@ -172,6 +194,43 @@ func run(o options) error {
 	printTable(os.Stdout, o, results)
 	fmt.Printf("e2ebench took %s\n", time.Since(start).Round(time.Second))
 	return nil
+}
+
+// buildBase builds dam at a git revision (default: the last commit that
+// changed the README's end-to-end dam figures, i.e. the version they
+// describe) in a temporary worktree, and returns the binary and the
+// revision's hash.
+func buildBase(tmp, rev string) (bin, hash string, err error) {
+	if rev == "" {
+		out, err := exec.Command("git", "log", "-1", "--format=%H", "-G", `^\| \*\*dam\*\* \|`, "--", "README.md").Output()
+		if err != nil || strings.TrimSpace(string(out)) == "" {
+			return "", "", fmt.Errorf("finding the last commit that changed the README's dam figures (set BASE=<rev>): %v", err)
+		}
+		rev = strings.TrimSpace(string(out))
+	}
+	out, err := exec.Command("git", "rev-parse", "--verify", rev+"^{commit}").Output()
+	if err != nil {
+		return "", "", fmt.Errorf("git rev-parse %s: %w", rev, err)
+	}
+	hash = strings.TrimSpace(string(out))
+	dir := filepath.Join(tmp, "base")
+	if out, err := exec.Command("git", "worktree", "add", "--detach", dir, hash).CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("git worktree add %s: %v: %s", hash, err, out)
+	}
+	defer func() {
+		if out, err := exec.Command("git", "worktree", "remove", "--force", dir).CombinedOutput(); err != nil {
+			logf("git worktree remove %s: %v: %s", dir, err, out)
+		}
+	}()
+	logf("building dam at %s (dam-base)", hash[:12])
+	bin = filepath.Join(tmp, "dam-base")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/dam")
+	build.Dir = dir
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return "", "", fmt.Errorf("go build ./cmd/dam at %s: %w", hash, err)
+	}
+	return bin, hash, nil
 }
 
 // postgres returns a reachable DSN: -dsn, $DAM_TEST_POSTGRES_DSN, the local
@@ -220,14 +279,16 @@ func freshSchema(ctx context.Context, base, variant string) (string, func(), err
 		return "", nil, err
 	}
 	var dsn string
+	// The application name tells this variant's PostgreSQL backends apart
+	// (their CPU time is measured) from any other client of the server.
 	if strings.HasPrefix(base, "postgres://") || strings.HasPrefix(base, "postgresql://") {
 		sep := "?"
 		if strings.Contains(base, "?") {
 			sep = "&"
 		}
-		dsn = base + sep + "search_path=" + schema
+		dsn = base + sep + "search_path=" + schema + "&application_name=" + schema
 	} else {
-		dsn = base + " search_path=" + schema
+		dsn = base + " search_path=" + schema + " application_name=" + schema
 	}
 	if variant == "naive" { // dam migrates its own schema (postgres.migrate)
 		conn, err := pgx.Connect(ctx, dsn)
@@ -386,6 +447,62 @@ func cpuTime(pid int) (time.Duration, error) {
 	return time.Duration(u+s) * time.Second / 100, nil // USER_HZ is 100 on Linux
 }
 
+// walLSN is the server's current WAL position.
+func walLSN(ctx context.Context, dsn string) (string, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	var lsn string
+	err = conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn)
+	return lsn, err
+}
+
+// walDiff is the WAL written between two positions, in bytes.
+func walDiff(ctx context.Context, dsn, to, from string) (int64, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	var n int64
+	err = conn.QueryRow(ctx, `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint`, to, from).Scan(&n)
+	return n, err
+}
+
+// backendsCPU sums the CPU time of the PostgreSQL backends serving
+// variantDSN's application name (read from /proc: the server runs on this
+// machine).
+func backendsCPU(ctx context.Context, base, variantDSN string) (time.Duration, error) {
+	name := ""
+	for _, f := range strings.FieldsFunc(variantDSN, func(r rune) bool { return r == '&' || r == '?' || r == ' ' }) {
+		if v, ok := strings.CutPrefix(f, "application_name="); ok {
+			name = v
+		}
+	}
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, name)
+	if err != nil {
+		return 0, err
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return 0, err
+	}
+	var total time.Duration
+	for _, pid := range pids {
+		if d, err := cpuTime(int(pid)); err == nil {
+			total += d
+		}
+	}
+	return total, nil
+}
+
 func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, self, tmp string) (result, error) {
 	res := result{variant: variant, records: n, steady: quantiles{P50: math.NaN(), P99: math.NaN()}}
 	in, out := "input", "output"
@@ -439,10 +556,19 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 			delivery = "exactly-once"
 		}
 		cfgPath := filepath.Join(tmp, "dam.yaml")
-		if err := os.WriteFile(cfgPath, []byte(damConfig(o, broker, dsn, httpAddr, in, out, entity, delivery)), 0o600); err != nil {
+		if err := os.WriteFile(cfgPath, []byte(damConfig(o, broker, dsn, httpAddr, in, out, entity, delivery, variant == "dam-base")), 0o600); err != nil {
 			return res, err
 		}
-		cmd = exec.Command(o.damBin, "run", "--config", cfgPath)
+		bin := o.damBin
+		if variant == "dam-base" {
+			bin = o.baseBin
+		}
+		cmd = exec.Command(bin, "run", "--config", cfgPath)
+		if o.profile != "" {
+			prof := filepath.Join(o.profile, fmt.Sprintf("%s-%d.cpu.pprof", variant, time.Now().UnixNano()))
+			cmd.Env = append(os.Environ(), "DAM_TEST_CPUPROFILE="+prof)
+			logf("%s: CPU profile in %s", variant, prof)
+		}
 		cmd.Stdout = os.Stderr
 	} else {
 		cmd = exec.Command(self, "-child", variant, "-brokers", broker, "-group", group,
@@ -450,12 +576,15 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 		cmd.Stdout = &childOut
 	}
 	cmd.Stderr = os.Stderr
-	cmd.Env = os.Environ()
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
 	exited := make(chan error, 1)
 	begin := time.Now()
 	if err := cmd.Start(); err != nil {
 		return res, err
 	}
+	lsn0, _ := walLSN(ctx, baseDSN)
 	go func() { exited <- cmd.Wait() }()
 	var exitErr error
 	exitedEarly := false
@@ -488,6 +617,10 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 	}
 	res.elapsed = time.Since(begin)
 	logf("%s: %d records in %s: %.0f records/s", variant, n, res.elapsed.Round(time.Millisecond), res.rate())
+	if lsn1, err := walLSN(ctx, baseDSN); err == nil && lsn0 != "" {
+		res.walBytes, _ = walDiff(ctx, baseDSN, lsn1, lsn0)
+	}
+	res.pgCPU, _ = backendsCPU(ctx, baseDSN, dsn)
 	// Observations are made right after a commit: let the last ones land
 	// so that none of the backlog's is counted in the steady phase.
 	time.Sleep(time.Second)
@@ -533,10 +666,19 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 	return res, nil
 }
 
+func shortRev(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
 // isDam reports whether the variant runs the dam binary.
 func isDam(variant string) bool { return strings.HasPrefix(variant, "dam") }
 
-func damConfig(o options, broker, dsn, httpAddr, in, out, entity, delivery string) string {
+// damConfig is the variant's configuration; the base revision's (old) gets
+// only the keys every version knows.
+func damConfig(o options, broker, dsn, httpAddr, in, out, entity, delivery string, base bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kafka:\n  brokers: [%q]\n  group: %s\n  start: earliest\n  delivery: %s\n", broker, group, delivery)
 	fmt.Fprintf(&b, "postgres:\n  dsn: %q\n  migrate: true\n", dsn)
@@ -544,13 +686,16 @@ func damConfig(o options, broker, dsn, httpAddr, in, out, entity, delivery strin
 		fmt.Fprintf(&b, "  max_conns: %d\n", o.maxConns)
 	}
 	fmt.Fprintf(&b, "http:\n  listen: %q\nlog:\n  level: warn\n", httpAddr)
-	if o.batchSize > 0 || o.maxInFlight > 0 {
+	if o.batchSize > 0 || o.maxInFlight > 0 || (o.maxBatch > 0 && !base) {
 		b.WriteString("pipeline:\n")
 		if o.batchSize > 0 {
 			fmt.Fprintf(&b, "  batch_size: %d\n", o.batchSize)
 		}
 		if o.maxInFlight > 0 {
 			fmt.Fprintf(&b, "  max_in_flight: %d\n", o.maxInFlight)
+		}
+		if o.maxBatch > 0 && !base {
+			fmt.Fprintf(&b, "  max_batch: %d\n", o.maxBatch)
 		}
 	}
 	fmt.Fprintf(&b, "routes:\n  - service: e2e\n    from: %s\n    to: %s\n    entity: %q\n", in, out, entity)
@@ -598,15 +743,20 @@ func printTable(w io.Writer, o options, rs []result) {
 	fmt.Fprintf(w, "workload: %d entities, %.0f%% duplicates, ~500 B JSON, %d partitions (kfake); steady phase %d records/s for %s\n",
 		o.entities, o.dupRate*100, partitions, o.rate, o.steady)
 	fmt.Fprintf(w, "naive runs on the first %d records (its own topic): compare records/s rates\n", min(o.naiveRecords, o.records))
-	fmt.Fprintf(w, "%-12s %9s %9s %10s %9s %9s %11s %11s %11s %8s %7s\n",
-		"variant", "records", "forwarded", "records/s", "vs naive", "vs pass", "p50 steady", "p99 steady", "p99 backlog", "RSS MB", "CPU s")
+	fmt.Fprintf(w, "%-12s %9s %9s %10s %9s %9s %11s %11s %11s %8s %7s %8s %9s\n",
+		"variant", "records", "forwarded", "records/s", "vs naive", "vs pass", "p50 steady", "p99 steady", "p99 backlog", "RSS MB", "CPU s", "WAL B/r", "PG µs/r")
 	for _, r := range rs {
 		if r.saturated {
 			r.variant += "*"
 		}
-		fmt.Fprintf(w, "%-12s %9d %9d %10.0f %9s %9s %11s %11s %11s %8.1f %7.1f\n",
+		wal, pgc := "-", "-"
+		if isDam(r.variant) || r.variant == "naive" {
+			wal = fmt.Sprintf("%.0f", float64(r.walBytes)/float64(r.records))
+			pgc = fmt.Sprintf("%.1f", float64(r.pgCPU.Microseconds())/float64(r.records))
+		}
+		fmt.Fprintf(w, "%-12s %9d %9d %10.0f %9s %9s %11s %11s %11s %8.1f %7.1f %8s %9s\n",
 			r.variant, r.records, r.forwarded, r.rate(), ratio(r, "naive"), ratio(r, "passthrough"),
-			ms(r.steady.P50), ms(r.steady.P99), ms(r.backlog.P99), float64(r.rssKB)/1024, r.cpu.Seconds())
+			ms(r.steady.P50), ms(r.steady.P99), ms(r.backlog.P99), float64(r.rssKB)/1024, r.cpu.Seconds(), wal, pgc)
 	}
 	for _, r := range rs {
 		if r.saturated {
@@ -631,6 +781,15 @@ func printTable(w io.Writer, o options, rs []result) {
 	}
 	fmt.Fprintf(w, "  p99 (steady) < 100 ms %9s  %s\n", ms(d.steady.P99), verdict(d.steady.P99 < 0.1))
 	fmt.Fprintf(w, "  peak RSS < 200 MB     %7.1fMB  %s\n", float64(d.rssKB)/1024, verdict(d.rssKB < 200*1024))
+	if o.decideBest > 0 {
+		x := total["dam"].rate() / o.decideBest
+		fmt.Fprintf(w, "  dam >= 0.8x Decide     %7.2fx  %s  (the best batched Decide benchmark, %s: %.0f records/s, same run)\n",
+			x, verdict(x >= 0.8), o.decideBestName, o.decideBest)
+	}
+	if b, ok := total["dam-base"]; ok {
+		x := total["dam"].rate() / b.rate()
+		fmt.Fprintf(w, "  dam >= 1.3x base       %7.2fx  %s  (base: %s, same data, over all their runs)\n", x, verdict(x >= 1.3), shortRev(o.base))
+	}
 	if e, ok := byName["dam-eos"]; ok {
 		x := e.rate() / total["dam"].rate()
 		fmt.Fprintf(w, "  exactly-once >= 0.7x at-least-once %5.2fx  %s  (kfake's transactions are far cheaper than a real cluster's)\n", x, verdict(x >= 0.7))
