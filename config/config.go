@@ -156,6 +156,12 @@ type Pipeline struct {
 	// BatchSize is the maximum number of records per decide transaction.
 	// Default 1000.
 	BatchSize int `koanf:"batch_size"`
+	// MaxBatch is the most records a decide transaction takes while a
+	// partition has a backlog (its queue holds more than BatchSize): big
+	// batches amortize PostgreSQL's per-transaction costs when throughput
+	// matters, small ones keep latency low when caught up. At least
+	// BatchSize. Default 10000.
+	MaxBatch int `koanf:"max_batch"`
 	// MaxInFlight bounds the records polled but not yet decided, per
 	// assigned partition on average: while the partitions hold this many
 	// times their number, dam stops polling. At least BatchSize. Default
@@ -307,6 +313,7 @@ func Default() Config {
 		Log:  Log{Level: "info", Format: "json"},
 		Pipeline: Pipeline{
 			BatchSize:     1000,
+			MaxBatch:      10000,
 			MaxInFlight:   4000,
 			ShutdownGrace: 30 * time.Second,
 			RetryMin:      100 * time.Millisecond,

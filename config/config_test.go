@@ -180,6 +180,7 @@ func TestValidateErrors(t *testing.T) {
 		{"compression after none", func(c *Config) { c.Kafka.Compression = Codecs{"none", "gzip"} }, "kafka.compression[1]", `"gzip" is never used: "none" comes before it`},
 		{"batch size", func(c *Config) { c.Pipeline.BatchSize = 0 }, "pipeline.batch_size", "must be positive"},
 		{"max in flight", func(c *Config) { c.Pipeline.MaxInFlight = 999 }, "pipeline.max_in_flight", "at least pipeline.batch_size (1000)"},
+		{"max batch", func(c *Config) { c.Pipeline.MaxBatch = 999 }, "pipeline.max_batch", "at least pipeline.batch_size (1000)"},
 		{"retry order", func(c *Config) { c.Pipeline.RetryMin = time.Minute }, "pipeline.retry_min", "must not exceed pipeline.retry_max (10s)"},
 		{"retry max", func(c *Config) { c.Pipeline.RetryMax = 0 }, "pipeline.retry_max", "must be positive"},
 		{"shutdown grace", func(c *Config) { c.Pipeline.ShutdownGrace = -time.Second }, "pipeline.shutdown_grace", "must be positive"},

@@ -165,6 +165,9 @@ func (c *Config) validate() []*Error {
 	if pl.BatchSize <= 0 {
 		v.addf("pipeline.batch_size", "must be positive, got %d", pl.BatchSize)
 	}
+	if pl.MaxBatch < pl.BatchSize {
+		v.addf("pipeline.max_batch", "%d must be at least pipeline.batch_size (%d)", pl.MaxBatch, pl.BatchSize)
+	}
 	if pl.MaxInFlight < pl.BatchSize || pl.MaxInFlight <= 0 {
 		v.addf("pipeline.max_in_flight", "%d must be at least pipeline.batch_size (%d)", pl.MaxInFlight, pl.BatchSize)
 	}

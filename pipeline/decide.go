@@ -33,10 +33,11 @@ func (w *worker) decideLoop() {
 		} else {
 			flushWait.Reset()
 		}
-		recs, polled, ok := w.q.take(w.dctx, w.d.set.batchSize, wait)
+		recs, polled, ok := w.q.take(w.dctx, w.batchLimit(), wait)
 		if !ok {
 			return
 		}
+		w.unreleased += len(recs)
 		var err error
 		if len(recs) == 0 {
 			if err = w.flush(); errors.Is(err, dedup.ErrUnavailable) {
@@ -58,6 +59,15 @@ func (w *worker) decideLoop() {
 			return
 		}
 	}
+}
+
+// batchLimit is how many records the next decide takes: batch_size while
+// the partition keeps up (small batches, low latency), up to max_batch while
+// a backlog waits (a decide transaction's fixed costs, its round trips and
+// its commit, shared by more records: Kafka Streams' and Flink's
+// mini-batches, applied to the decide transaction).
+func (w *worker) batchLimit() int {
+	return min(max(w.q.len(), w.d.set.batchSize), w.d.set.maxBatch)
 }
 
 // process handles one run of polled records: the replay of recovery first,
@@ -338,6 +348,9 @@ func (w *worker) flush() error {
 // exactly-once mode. It returns the job's halt, so that the decider stops
 // right after the records before it.
 func (w *worker) emit(j *job) error {
+	// The job carries the input records taken so far: they leave the
+	// budget once it is delivered.
+	j.inputs, w.unreleased = w.unreleased, 0
 	if w.d.transactional {
 		w.round = append(w.round, j)
 		return j.halt

@@ -29,6 +29,7 @@ type job struct {
 	counts   outcomes // counted once delivered
 	halt     error    // set on the last job before a halt
 	stuck    int      // index+1 of a record refused for good with nowhere to go; 0: none
+	inputs   int      // input records taken for it (the budget's)
 }
 
 // outRecord is a record to produce and the input record it comes from.
@@ -63,6 +64,9 @@ func (w *worker) deliverLoop() {
 // delivered accounts for a job once its records are acknowledged and its
 // offset committed: the outcome counters, the latency, the log's pruning.
 func (w *worker) delivered(j *job) {
+	if !w.d.transactional {
+		w.d.budget.release(j.inputs)
+	}
 	for o, n := range j.counts {
 		if n > 0 {
 			w.d.metrics.records.WithLabelValues(w.rt.service, outcome(o).String()).Add(float64(n))

@@ -186,6 +186,45 @@ func (r *running) gauge(name, service string) float64 {
 	return 0
 }
 
+// gauge0 returns the value of a gauge without labels.
+func (r *running) gauge0(name string) float64 {
+	r.t.Helper()
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		r.t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	r.t.Fatalf("no gauge %s", name)
+	return 0
+}
+
+// histogram returns the sample count and sum of a histogram with the given
+// service label.
+func (r *running) histogram(name, service string) (count uint64, sum float64) {
+	r.t.Helper()
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		r.t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "service" && l.GetValue() == service {
+					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	return 0, 0
+}
+
 // waitRecords waits until the pipeline has delivered (and committed) the
 // outcome of n input records of service ("" for all services): after that,
 // the output topics hold everything those records produce.

@@ -43,6 +43,7 @@
 //	dam_halted{service}                       partitions paused by an outage or halted
 //	dam_consumer_lag{service,partition}       high watermark minus next offset
 //	dam_partitions_assigned{service}          partitions owned by this instance
+//	dam_records_in_flight                     records polled, not yet delivered (max_in_flight's bound)
 //	dam_state_rows{service}                   identities with stored state
 //	dam_kafka_*                               franz-go client metrics (kprom)
 package pipeline
@@ -168,6 +169,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		set: settings{
 			group:      cfg.Kafka.Group,
 			batchSize:  cfg.Pipeline.BatchSize,
+			maxBatch:   cfg.Pipeline.MaxBatch,
 			grace:      cfg.Pipeline.ShutdownGrace,
 			retry:      p.retry,
 			lease:      ownershipLease(cfg.Kafka.SessionTimeout),
@@ -176,6 +178,13 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 			// wait for a lock, and a connection.
 			storeTimeout: 2*cfg.Postgres.StatementTimeout + cfg.Postgres.LockTimeout + 5*time.Second,
 		},
+	}
+	b := p.deps.budget
+	if err := p.reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "dam_records_in_flight",
+		Help: "Records polled and not yet delivered (queued, being decided, or on their way to Kafka): the memory pipeline.max_in_flight bounds.",
+	}, func() float64 { return float64(b.queued.Load()) })); err != nil {
+		return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
 	}
 	return p, nil
 }

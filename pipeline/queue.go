@@ -9,9 +9,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// budget bounds the records polled but not yet decided, shared by every
-// partition of this instance: the poll loop waits while the queues hold
-// pipeline.max_in_flight records per assigned partition on average.
+// budget bounds the records polled but not yet delivered (queued, being
+// decided, or decided and on their way to Kafka), shared by every partition
+// of this instance: the poll loop waits while the partitions hold
+// pipeline.max_in_flight records per assigned partition on average. So it
+// bounds memory whatever the batch sizes.
 //
 // The budget is shared rather than per partition: a fetch brings a run of
 // one partition at a time, and stopping every poll while one partition's
@@ -20,7 +22,7 @@ import (
 // total: the budget plus one fetch.
 type budget struct {
 	perPartition int64
-	queued       atomic.Int64 // records in every queue
+	queued       atomic.Int64 // records polled and not yet delivered, every partition
 	partitions   atomic.Int64 // assigned partitions
 	room         chan struct{}
 }
@@ -107,7 +109,8 @@ func (q *queue) push(recs []*kgo.Record, at time.Time) {
 // take waits for records and returns up to n of them with the poll time of
 // the oldest, or ok false once the queue is closed or ctx ends. With a
 // positive wait, it returns no records (and ok true) once wait has passed
-// without any.
+// without any. The records taken still count against the budget until the
+// taker releases them (once delivered).
 func (q *queue) take(ctx context.Context, n int, wait time.Duration) (recs []*kgo.Record, polled time.Time, ok bool) {
 	var timeout <-chan time.Time
 	if wait > 0 {
@@ -137,7 +140,6 @@ func (q *queue) take(ctx context.Context, n int, wait time.Duration) (recs []*kg
 				q.recs, q.polls = nil, nil
 			}
 			q.mu.Unlock()
-			q.b.release(n)
 			return recs, polled, true
 		}
 		q.mu.Unlock()
@@ -148,6 +150,13 @@ func (q *queue) take(ctx context.Context, n int, wait time.Duration) (recs []*kg
 			return nil, time.Time{}, true
 		}
 	}
+}
+
+// len is the number of records queued.
+func (q *queue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.recs)
 }
 
 // close drops the queued records and makes take return false.

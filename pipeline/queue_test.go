@@ -40,8 +40,13 @@ func TestTakePollTimes(t *testing.T) {
 			t.Fatalf("take %d: %d records, polled %v, ok %v; want polled %v", i, len(got), polled, ok, want.polled)
 		}
 	}
-	if len(q.recs) != 0 || len(q.polls) != 0 || b.queued.Load() != 0 {
+	// Taken records still count until they are delivered (released).
+	if len(q.recs) != 0 || len(q.polls) != 0 || b.queued.Load() != 9 {
 		t.Fatalf("queue %d, polls %v, budget %d after taking everything", len(q.recs), q.polls, b.queued.Load())
+	}
+	b.release(9)
+	if b.queued.Load() != 0 {
+		t.Fatalf("budget %d after releasing everything", b.queued.Load())
 	}
 }
 

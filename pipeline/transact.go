@@ -91,7 +91,11 @@ func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSess
 			return nil
 		}
 		fetches.EachError(p.fetchError)
+		// A round holds what it polled until it ends (dam_records_in_flight).
+		n := int64(fetches.NumRecords())
+		p.deps.budget.queued.Add(n)
 		err := p.round(rctx, sess, fetches)
+		p.deps.budget.queued.Add(-n)
 		sess.AllowRebalance()
 		switch {
 		case errors.Is(err, errProducerFenced):
@@ -348,7 +352,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func (w *worker) decideRound(recs []*kgo.Record, polled time.Time) ([]*job, error) {
 	w.round = w.round[:0]
 	for len(recs) > 0 {
-		n := min(len(recs), w.d.set.batchSize)
+		n := min(len(recs), w.d.set.maxBatch)
 		if err := w.process(recs[:n], polled); err != nil {
 			return nil, err
 		}

@@ -20,6 +20,9 @@ import (
 type settings struct {
 	group     string
 	batchSize int
+	// maxBatch: the most records a decide takes while its queue holds
+	// more than batchSize (a backlog).
+	maxBatch int
 	// grace bounds finishing the decided batches when a partition is
 	// revoked or the pipeline stops; then the worker is stopped hard.
 	grace time.Duration
@@ -80,9 +83,10 @@ type worker struct {
 	provenAt atomic.Int64
 
 	// Decider state.
-	plan    plan
-	next    int64          // P: the next offset to decide
-	pending []*dedup.Batch // batches forwarded undecided, to write to the store first
+	unreleased int // records taken from the queue not yet counted in a job
+	plan       plan
+	next       int64          // P: the next offset to decide
+	pending    []*dedup.Batch // batches forwarded undecided, to write to the store first
 
 	// Deliverer state.
 	committed int64 // the committed offset C as last known; -1: none
@@ -144,9 +148,17 @@ func (w *worker) start() {
 	}()
 }
 
-// ended releases what the worker held, once its work has ended.
+// ended releases what the worker held, once its work has ended: the
+// budget of the records it took and did not deliver included.
 func (w *worker) ended() {
 	w.cancel()
+	if !w.d.transactional {
+		n := w.unreleased
+		for j := range w.jobs { // closed by the decider; what the deliverer left
+			n += j.inputs
+		}
+		w.d.budget.release(n)
+	}
 	w.d.budget.partitions.Add(-1)
 	w.d.budget.signal()
 	w.d.metrics.assigned.WithLabelValues(w.rt.service).Dec()

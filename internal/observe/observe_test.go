@@ -293,7 +293,7 @@ routes:
 	}
 	for _, n := range []string{"dam_records_total", "dam_dead_letters_total", "dam_store_errors_total", "dam_delivery_errors_total",
 		"dam_decision_seconds_bucket", "dam_poll_to_commit_seconds_bucket", "dam_consumer_lag", "dam_halted", "dam_state_rows",
-		"dam_partitions_assigned", "dam_build_info", "dam_postgres_pool_acquired_connections", "dam_postgres_pool_acquire_wait_seconds_total"} {
+		"dam_partitions_assigned", "dam_records_in_flight", "dam_build_info", "dam_postgres_pool_acquired_connections", "dam_postgres_pool_acquire_wait_seconds_total"} {
 		if !names[n] {
 			t.Errorf("the scrape has no %s", n)
 		}
