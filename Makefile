@@ -72,7 +72,7 @@ rules: promtool ## Check the alert rules and run their promtool tests
 	promtool test rules $(CHART)/alerts/dam.rules.test.yaml
 
 .PHONY: bench
-bench: ## Run the benchmarks and print ratios against same-run baselines
+bench: ## Run the benchmarks and print ratios against same-run baselines (BASE=<rev>: the dam to compare with; PROFILE=1: CPU profiles in bench-profiles/)
 	$(GO) run ./internal/benchreport
 
 .PHONY: lint

@@ -99,12 +99,18 @@ func main() {
 	flag.IntVar(&o.maxInFlight, "max-in-flight", 0, "dam pipeline.max_in_flight (0: dam's default)")
 	flag.IntVar(&o.maxConns, "max-conns", 0, "dam postgres.max_conns (0: dam's default)")
 	flag.IntVar(&o.maxBatch, "max-batch", 0, "dam pipeline.max_batch (0: dam's default)")
-	flag.StringVar(&o.profile, "profile", "", "write each dam variant's CPU profile to this directory (go tool pprof)")
+	flag.StringVar(&o.profile, "profile", profileDir(os.Getenv("PROFILE")), "write each dam variant's CPU profile to this directory, for go tool pprof (default: bench-profiles when $PROFILE is 1, else $PROFILE)")
 	flag.Float64Var(&o.decideBest, "decide-best", 0, "records/s of the best batched Decide benchmark in the same run (make bench passes it)")
 	flag.StringVar(&o.decideBestName, "decide-best-name", "", "its variant")
 	flag.StringVar(&o.damBin, "dam", "", "dam binary (default: build ./cmd/dam)")
 	flag.StringVar(&o.base, "base", os.Getenv("BASE"), "git revision of the dam-base variant (default $BASE, else the last commit that changed the README's dam figures)")
 	flag.Parse()
+	if o.profile != "" {
+		if err := os.MkdirAll(o.profile, 0o755); err != nil {
+			fmt.Fprintf(os.Stderr, "e2ebench: -profile: %v\n", err)
+			os.Exit(2)
+		}
+	}
 
 	if ca.kind != "" {
 		ca.dsn = o.dsn
@@ -805,4 +811,13 @@ func printTable(w io.Writer, o options, rs []result) {
 		fmt.Fprintf(w, "  dam CPU per record: entity key %.1f µs, entity /id %.1f µs (%.2fx)\n",
 			perRecord(d), perRecord(p), perRecord(p)/perRecord(d))
 	}
+}
+
+// profileDir is where make bench PROFILE=... puts the CPU profiles: "1"
+// means bench-profiles, anything else is the directory itself.
+func profileDir(env string) string {
+	if env == "1" {
+		return "bench-profiles"
+	}
+	return env
 }
