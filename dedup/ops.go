@@ -277,11 +277,6 @@ func (s *Store) Stats(ctx context.Context) ([]ServiceStats, error) {
 	return stats, classify("stats", err)
 }
 
-func (s *Store) exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	ct, err := s.pool.Exec(ctx, sql, args...)
-	return ct.RowsAffected(), err
-}
-
 // Querier is the smallest interface Check needs: *pgx.Conn, pgx.Tx and
 // *pgxpool.Pool satisfy it, so Check joins a caller's own transaction.
 type Querier interface {
