@@ -562,3 +562,26 @@ func TestStateOpsEveryMode(t *testing.T) {
 		}
 	}
 }
+
+// TestGetMode: a service that changed mode and back decides against its
+// mode's own table, which GetMode reads whatever Get returns.
+func TestGetMode(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	newStream(t, s, "ls", dedup.Rule{}).decide(t0, vrec{"e", "A", 0})
+	newStream(t, s, "ver", dedup.Rule{Mode: dedup.Version}).decide(t0.Add(time.Hour), vrec{"e", "B", 7})
+	if st, err := s.Get(ctx, "svc", []byte("e")); err != nil || st.Mode != dedup.Version || st.Version != 7 {
+		t.Fatalf("Get: %+v, %v; want the version state, the most recent", st, err)
+	}
+	st, err := s.GetMode(ctx, "svc", []byte("e"), dedup.LastSeen)
+	if err != nil || st.Mode != dedup.LastSeen || st.Digest != digest("A") || !st.UpdatedAt.Equal(t0) || st.Topic != "ls" {
+		t.Fatalf("GetMode(last-seen): %+v, %v", st, err)
+	}
+	if _, err := s.GetMode(ctx, "svc", []byte("e"), dedup.Window); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("GetMode(window): %v, want ErrNotFound", err)
+	}
+	if _, err := s.GetMode(ctx, "svc", []byte("e"), dedup.Mode(9)); !errors.Is(err, dedup.ErrInvalid) {
+		t.Fatalf("GetMode(9): %v, want ErrInvalid", err)
+	}
+}

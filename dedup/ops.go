@@ -53,6 +53,22 @@ type ServiceStats struct {
 // every mode's table; if more than one holds the identity (the service
 // changed mode), the most recently forwarded state is returned.
 func (s *Store) Get(ctx context.Context, service string, entity []byte) (State, error) {
+	return s.get(ctx, service, entity, -1)
+}
+
+// GetMode returns the state of (service, entity) in mode m's table alone,
+// or ErrNotFound: the state a route of mode m decides against, which Get
+// does not return when another mode's table holds a more recent state of
+// the identity (a service that changed mode, and back).
+func (s *Store) GetMode(ctx context.Context, service string, entity []byte, m Mode) (State, error) {
+	if m > Version {
+		return State{}, fmt.Errorf("%w: unknown mode %d", ErrInvalid, m)
+	}
+	return s.get(ctx, service, entity, int(m))
+}
+
+// get is Get restricted to mode's table (-1: every table).
+func (s *Store) get(ctx context.Context, service string, entity []byte, mode int) (State, error) {
 	st := State{Service: service, Entity: entity}
 	var digest []byte
 	var expires *time.Time
@@ -65,7 +81,8 @@ func (s *Store) Get(ctx context.Context, service string, entity []byte) (State, 
 			FROM window_ids WHERE service = $1 AND id = $2
 			UNION ALL SELECT 2, digest, updated_at, version, NULL, src_topic, src_partition, src_offset
 			FROM versions WHERE service = $1 AND entity = $2) x
-		ORDER BY updated_at DESC LIMIT 1`, service, nonNil(entity)).
+		WHERE $3 < 0 OR mode = $3
+		ORDER BY updated_at DESC LIMIT 1`, service, nonNil(entity), mode).
 		Scan(&st.Mode, &digest, &st.UpdatedAt, &st.Version, &expires, &st.Topic, &st.Partition, &st.Offset)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return State{}, fmt.Errorf("%w: service %q entity %x", ErrNotFound, service, entity)
@@ -258,11 +275,6 @@ func (s *Store) Stats(ctx context.Context) ([]ServiceStats, error) {
 		return st, err
 	})
 	return stats, classify("stats", err)
-}
-
-func (s *Store) exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	ct, err := s.pool.Exec(ctx, sql, args...)
-	return ct.RowsAffected(), err
 }
 
 // Querier is the smallest interface Check needs: *pgx.Conn, pgx.Tx and

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
 )
 
 // errNoEntity is the reason recorded on a dead letter whose identity is
@@ -66,3 +67,7 @@ func (r *Route) Entity(rec *kgo.Record) ([]byte, error) {
 	identity, _, _, err := r.rt.identify(rec)
 	return identity, err
 }
+
+// Rule returns the decision rule the route's batches carry: its mode and
+// that mode's settings.
+func (r *Route) Rule() dedup.Rule { return r.rt.rule }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -16,33 +17,50 @@ import (
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/pipeline"
 )
 
 // explainEnv is a kfake cluster with the input topic "in" (one partition),
-// a schema and a configuration file whose route "svc" reads "in" (ignoring
-// /ts, no dead-letter topic), for group "g".
+// a schema and a configuration file whose route "svc" reads "in", for
+// group "g".
 type explainEnv struct {
 	t     *testing.T
 	kc    *testkafka.Cluster
 	dsn   string
 	path  string
 	store *dedup.Store
-	h     *canon.Hasher
+	route *pipeline.Route // svc's, compiled as the sidecar runs it
 	p     dedup.Partition
 	epoch int64
 	next  int64 // P
 }
 
-// Not parallel: DAM_POSTGRES_DSN is unset for the test (it would override
-// the file's DSN).
+// newExplainEnv: route "svc" ignores /ts and has no dead-letter topic.
 func newExplainEnv(t *testing.T) *explainEnv {
+	return newModeEnv(t, "    ignore: [/ts]\n")
+}
+
+// newModeEnv: route "svc" has the settings routeYAML (lines indented for a
+// route's keys); more holds further routes ("  - service: ..." items).
+// Not parallel: DAM_POSTGRES_DSN is unset for the test (it would override
+// the file's DSN), and tests stop dbClock.
+func newModeEnv(t *testing.T, routeYAML string, more ...string) *explainEnv {
 	t.Helper()
 	unsetDSN(t)
 	kc := testkafka.New(t, 1, "in", "out")
 	dsn := pgtest.DSN(t)
 	path := filepath.Join(t.TempDir(), "dam.yaml")
-	body := fmt.Sprintf("kafka:\n  brokers: [%s]\n  group: g\npostgres:\n  dsn: %q\nroutes:\n  - service: svc\n    from: in\n    to: out\n    ignore: [/ts]\n", kc.Addr(), dsn)
+	body := fmt.Sprintf("kafka:\n  brokers: [%s]\n  group: g\npostgres:\n  dsn: %q\nroutes:\n  - service: svc\n    from: in\n    to: out\n%s%s",
+		kc.Addr(), dsn, routeYAML, strings.Join(more, ""))
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	route, err := pipeline.CompileRoute(cfg.Routes[0])
+	if err != nil {
 		t.Fatal(err)
 	}
 	store, err := dedup.Open(context.Background(), dsn, dedup.Config{})
@@ -50,11 +68,7 @@ func newExplainEnv(t *testing.T) *explainEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(store.Close)
-	h, err := canon.New(canon.WithIgnore("/ts"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &explainEnv{t: t, kc: kc, dsn: dsn, path: path, store: store, h: h, p: dedup.Partition{Group: "g", Topic: "in", Partition: 0}}
+	e := &explainEnv{t: t, kc: kc, dsn: dsn, path: path, store: store, route: route, p: dedup.Partition{Group: "g", Topic: "in", Partition: 0}}
 	pr, err := store.Acquire(context.Background(), e.p)
 	if err != nil {
 		t.Fatal(err)
@@ -76,27 +90,47 @@ func (e *explainEnv) produce(kv ...string) {
 	e.kc.Produce("in", recs...)
 }
 
-// decide decides the next n records of "in" as the sidecar does (its
-// hasher, one batch, logged), and returns the decisions.
+// decide decides the next n records of "in" on the database's clock.
 func (e *explainEnv) decide(n int) []dedup.Decision {
 	e.t.Helper()
+	return e.decideAt(time.Time{}, n)
+}
+
+// decideAt decides the next n records of "in" as the sidecar does (the
+// route's Identify and rule, one batch, logged) at now (zero: the
+// database's clock), and returns the decisions.
+func (e *explainEnv) decideAt(now time.Time, n int) []dedup.Decision {
+	e.t.Helper()
+	ctx := context.Background()
 	recs := e.kc.ReadAll("in")
-	b := &dedup.Batch{Service: "svc", Partition: e.p, Epoch: e.epoch, Start: e.next, End: e.next + int64(n)}
+	b := &dedup.Batch{Service: "svc", Rule: e.route.Rule(), Now: now, Partition: e.p, Epoch: e.epoch, Start: e.next, End: e.next + int64(n)}
 	for _, r := range recs[e.next : e.next+int64(n)] {
-		rec := dedup.Record{Offset: r.Offset, Entity: r.Key}
-		d, err := e.h.Sum(r.Value)
-		if err != nil {
-			rec.Invalid = true
-		}
-		rec.Digest = d
-		b.Records = append(b.Records, rec)
+		id, v, d, err := e.route.Identify(r)
+		b.Records = append(b.Records, dedup.Record{Offset: r.Offset, Entity: id, Version: v, Digest: d, Invalid: err != nil})
 	}
-	out, err := e.store.Decide(context.Background(), b, nil)
+	out, err := e.store.Decide(ctx, b, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	if !now.IsZero() {
+		// The sidecar logs a batch at its decide transaction's start, a
+		// moment before it reads its decision time: a batch decided at a
+		// given time is logged at that time.
+		if _, err := e.store.Pool().Exec(ctx, `UPDATE decision_log SET logged_at = $1 WHERE grp = $2 AND topic = $3 AND part = $4 AND first_offset = $5`,
+			now, e.p.Group, e.p.Topic, e.p.Partition, b.Start); err != nil {
+			e.t.Fatal(err)
+		}
+	}
 	e.next = b.End
 	return out
+}
+
+// at stops dam explain's clock (the database's) at now for the rest of the
+// test, to decide exactly at a boundary.
+func (e *explainEnv) at(now time.Time) {
+	prev := dbClock
+	dbClock = func(context.Context, *dedup.Store) (time.Time, error) { return now, nil }
+	e.t.Cleanup(func() { dbClock = prev })
 }
 
 // explain runs dam explain with the environment's configuration.

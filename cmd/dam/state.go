@@ -96,7 +96,7 @@ func newStateGetCmd() *cobra.Command {
 			if asJSON {
 				return writeJSON(cmd.OutOrStdout(), stateJSON{
 					Service: st.Service, Entity: showEntity(st.Entity), EntityHex: hex.EncodeToString(st.Entity),
-					storedJSON: *storedOf(st),
+					storedJSON: *storedOf(&st),
 				})
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
