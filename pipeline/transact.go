@@ -223,7 +223,16 @@ func (p *Pipeline) round(ctx context.Context, sess *kgo.GroupTransactSession, fe
 	for _, rp := range parts {
 		rp.w.step(StepAcked)
 	}
-	committed, err := sess.End(ctx, kgo.TryCommit)
+	// End waits for a heartbeat between committing the offsets and
+	// EndTxn. If the group session broke meanwhile (a heartbeat lost with
+	// its connection), franz-go's manage loop waits for AllowRebalance,
+	// which comes after End, and End waits for that loop: bounded by the
+	// transaction timeout (past it the broker aborts the transaction
+	// anyway), End gives up, aborts, and franz-go re-initializes the
+	// producer id on the abort below, which fences whatever is left.
+	endCtx, cancel := context.WithTimeout(ctx, p.cfg.Kafka.TransactionTimeout)
+	committed, err := sess.End(endCtx, kgo.TryCommit)
+	cancel()
 	if err != nil || !committed {
 		if err == nil {
 			err = errors.New("the transaction was aborted (a rebalance, or the group fenced this member)")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -182,6 +183,60 @@ func TestExactlyOnceAmbiguousReplies(t *testing.T) {
 			r.stop()
 		})
 	}
+}
+
+// The group session breaks (a heartbeat fails) after a round polled and
+// before it ends. franz-go's manage loop then waits for AllowRebalance
+// (BlockRebalanceOnPoll), which dam calls after End, while End waits for a
+// heartbeat that only that loop sends (franz-go issue #1053: the loss is
+// only reported after AllowRebalance): without a bound on End, the
+// partition stalls for good. With it, End gives up after the transaction
+// timeout, the round aborts and replays, and the output stays exact.
+func TestExactlyOnceGroupSessionBreaksBeforeEnd(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	dsn := pgtest.DSN(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	validate(t, &cfg)
+
+	var armed atomic.Bool
+	broke := make(chan struct{})
+	hook := func(s pipeline.Step, _ string, _ int32) {
+		if s != pipeline.StepAcked || !armed.CompareAndSwap(true, false) {
+			return
+		}
+		// The next heartbeat fails: the coordinator forgot this member.
+		kc.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			resp := req.ResponseKind().(*kmsg.HeartbeatResponse)
+			resp.ErrorCode = kerr.UnknownMemberID.Code
+			close(broke)
+			return resp, nil, true
+		})
+		select {
+		case <-broke:
+			time.Sleep(100 * time.Millisecond) // the manage loop reaches its wait
+		case <-time.After(15 * time.Second):
+			t.Error("no heartbeat within 15 s")
+		}
+	}
+	reg := prometheus.NewRegistry()
+	pl, err := pipeline.New(cfg, openStore(t, dsn), pipeline.WithLogger(zaptest.NewLogger(t)),
+		pipeline.WithRegisterer(reg), pipeline.WithStepHook(hook))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, pl, reg)
+	one(t, kc, "in", rec("k1", `"A"`))
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`}})
+
+	armed.Store(true)
+	one(t, kc, "in", rec("k1", `"B"`), rec("k2", `"X"`))
+	one(t, kc, "in", rec("k2", `"Y"`))
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`, `"B"`}, "k2": {`"X"`, `"Y"`}})
+	if armed.Load() {
+		t.Error("the fault was never injected")
+	}
+	r.stop()
 }
 
 // The known franz-go issue itself (#1052, #1207): the broker commits the
