@@ -81,10 +81,12 @@ func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSess
 		}
 	}()
 	for {
-		// A round takes up to a batch per assigned partition (at least
-		// four batches): each transaction's fixed cost is shared by as many
-		// records as the partitions decide in parallel.
-		maxPoll := p.cfg.Pipeline.BatchSize * max(4, int(p.deps.budget.partitions.Load()))
+		// A round takes what was fetched, up to the in-flight budget
+		// (max_in_flight per assigned partition): with a backlog, each
+		// transaction's fixed costs (the decide transactions, AddOffsets,
+		// TxnOffsetCommit, a heartbeat, EndTxn) are shared by that many
+		// records; caught up, a round is what arrived since the last one.
+		maxPoll := p.cfg.Pipeline.MaxInFlight * max(1, int(p.deps.budget.partitions.Load()))
 		fetches := sess.PollRecords(ctx, maxPoll)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			sess.AllowRebalance()
