@@ -38,6 +38,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -785,8 +786,20 @@ func printTable(w io.Writer, o options, rs []result) {
 		x := d.rate() / p.rate()
 		fmt.Fprintf(w, "  >= 0.15x passthrough  %8.2fx  %s\n", x, verdict(x >= 0.15))
 	}
-	fmt.Fprintf(w, "  p99 (steady) < 100 ms %9s  %s\n", ms(d.steady.P99), verdict(d.steady.P99 < 0.1))
-	fmt.Fprintf(w, "  peak RSS < 200 MB     %7.1fMB  %s\n", float64(d.rssKB)/1024, verdict(d.rssKB < 200*1024))
+	// Over every dam run: the median p99 (one run's p99 is its few
+	// slowest batches, at the mercy of a neighbour) and the highest RSS.
+	var p99s []float64
+	var rss int64
+	for _, r := range rs {
+		if r.variant == "dam" {
+			p99s = append(p99s, r.steady.P99)
+			rss = max(rss, r.rssKB)
+		}
+	}
+	slices.Sort(p99s)
+	p99 := p99s[len(p99s)/2]
+	fmt.Fprintf(w, "  p99 (steady) < 25 ms  %9s  %s  (median over the dam runs)\n", ms(p99), verdict(p99 < 0.025))
+	fmt.Fprintf(w, "  peak RSS < 200 MB     %7.1fMB  %s  (highest of the dam runs)\n", float64(rss)/1024, verdict(rss < 200*1024))
 	if o.decideBest > 0 {
 		x := total["dam"].rate() / o.decideBest
 		fmt.Fprintf(w, "  dam >= 0.8x Decide     %7.2fx  %s  (the best batched Decide benchmark, %s: %.0f records/s, same run)\n",
