@@ -34,6 +34,8 @@ type Cluster struct {
 	cred *syscall.Credential
 	logf func(string, ...any)
 	tls  *tlsFiles
+	// durable: synchronous_commit on (see Durable).
+	durable bool
 }
 
 // tlsFiles are the server's certificate and key, PEM.
@@ -51,12 +53,21 @@ func WithTLS(certFile, keyFile string) Option {
 	return func(c *Cluster) { c.tls = &tlsFiles{cert: certFile, key: keyFile} }
 }
 
+// Durable makes every commit reach the operating system before it is
+// acknowledged (synchronous_commit=on; fsync stays off): a server crash
+// (Restart) then loses no acknowledged commit, as with a real server,
+// though an operating system crash could.
+func Durable() Option {
+	return func(c *Cluster) { c.durable = true }
+}
+
 // Start initialises a cluster in a new temporary directory and starts it on
 // a free TCP port of 127.0.0.1 (plus a unix socket in the directory), with
-// trust authentication for user postgres and durability off (fsync=off) for
-// speed; opts add TLS. When running as root the server runs as the
-// postgres user (or nobody), since PostgreSQL refuses to run as root. logf
-// receives progress lines; it may be nil.
+// trust authentication for user postgres and durability off (fsync=off,
+// synchronous_commit=off) for speed; opts add TLS or durable commits.
+// When running as root the server runs as the postgres user (or nobody),
+// since PostgreSQL refuses to run as root. logf receives progress lines; it
+// may be nil.
 func Start(ctx context.Context, logf func(string, ...any), opts ...Option) (*Cluster, error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
@@ -99,12 +110,7 @@ func Start(ctx context.Context, logf func(string, ...any), opts ...Option) (*Clu
 	for attempt := 0; ; attempt++ {
 		c.port, err = freePort()
 		if err == nil {
-			err = c.run(ctx, "pg_ctl", "start", "-D", c.data(), "-w", "-t", "60",
-				"-l", filepath.Join(dir, "server.log"), "-o", strings.Join([]string{
-					"-p", strconv.Itoa(c.port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
-					"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-					"-c", "max_connections=200",
-				}, " "))
+			err = c.startServer(ctx)
 		}
 		if err == nil {
 			break
@@ -117,6 +123,41 @@ func Start(ctx context.Context, logf func(string, ...any), opts ...Option) (*Clu
 	}
 	logf("pglocal: started PostgreSQL (%s) on 127.0.0.1:%d in %s", bin, c.port, dir)
 	return c, nil
+}
+
+// startServer starts the server on c.port and waits for it to accept
+// connections.
+func (c *Cluster) startServer(ctx context.Context) error {
+	sync := "off"
+	if c.durable {
+		sync = "on"
+	}
+	return c.run(ctx, "pg_ctl", "start", "-D", c.data(), "-w", "-t", "60",
+		"-l", filepath.Join(c.dir, "server.log"), "-o", strings.Join([]string{
+			"-p", strconv.Itoa(c.port), "-k", c.dir, "-c", "listen_addresses=127.0.0.1",
+			"-c", "fsync=off", "-c", "synchronous_commit=" + sync, "-c", "full_page_writes=off",
+			"-c", "max_connections=200",
+		}, " "))
+}
+
+// Restart stops the server the way a crash does (immediate shutdown: every
+// connection is cut, no checkpoint), keeps it down for down, and starts it
+// again on the same port with the same data, which it recovers from its
+// WAL: a server restart or failover as a client sees it, for fault tests.
+func (c *Cluster) Restart(ctx context.Context, down time.Duration) error {
+	if err := c.run(ctx, "pg_ctl", "stop", "-D", c.data(), "-m", "immediate", "-w"); err != nil {
+		return err
+	}
+	select {
+	case <-time.After(down):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := c.startServer(ctx); err != nil {
+		c.logf("pglocal: server log:\n%s", c.serverLog())
+		return err
+	}
+	return nil
 }
 
 // DSN returns a connection string for the cluster's postgres database:

@@ -5,6 +5,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestStart always starts a private cluster, even when a server is already
@@ -13,7 +15,7 @@ func TestStart(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	c, err := Start(ctx, t.Logf)
+	c, err := Start(ctx, t.Logf, Durable())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,6 +26,32 @@ func TestStart(t *testing.T) {
 	}()
 	if err := Reachable(ctx, c.DSN()); err != nil {
 		t.Fatal(err)
+	}
+
+	// Restart: an open connection is cut, the data survives (Durable: an
+	// acknowledged commit is not lost), the port is the same.
+	conn, err := pgx.Connect(ctx, c.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(ctx, 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT 1`); err == nil {
+		t.Error("a connection opened before Restart still works after it")
+	}
+	conn2, err := pgx.Connect(ctx, c.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close(context.Background())
+	var v int
+	if err := conn2.QueryRow(ctx, `SELECT v FROM kept`).Scan(&v); err != nil || v != 42 {
+		t.Fatalf("after Restart: kept = %d, %v; want 42", v, err)
 	}
 }
 
