@@ -48,6 +48,13 @@ func (h *partHealth) park(err error) {
 	h.mu.Unlock()
 }
 
+// parkedErr is what parked the partition (nil: it is not parked).
+func (h *partHealth) parkedErr() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.parked
+}
+
 func (h *partHealth) isParked() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()

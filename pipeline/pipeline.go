@@ -466,10 +466,59 @@ func (p *Pipeline) dpart(rt *route, part int32) dedup.Partition {
 // onJoined marks the group joined. franz-go calls it after every join, even
 // with nothing assigned: an instance with no partition (more replicas than
 // partitions) is a ready standby.
-func (p *Pipeline) onJoined(context.Context, *kgo.Client, map[string][]int32) {
+//
+// It also takes back the partitions this member was fenced from and still
+// holds. A member that paused past its session timeout (a zombie) can
+// rejoin claiming the partitions it had: a cooperative rebalance then
+// leaves it some of them without revoking or assigning them, while their
+// workers are parked on the fence that the interim owner's recovery set.
+// Once a rebalance has completed, a partition this member holds is its
+// own (a cooperative rebalance moves a partition only after its previous
+// owner revoked it), so it is recovered anew and fetched again from its
+// recovered start; without this it would stay parked until the next
+// rebalance, for good if none came.
+func (p *Pipeline) onJoined(ctx context.Context, cl *kgo.Client, _ map[string][]int32) {
 	p.mu.Lock()
 	p.joined = true
+	var fenced []*worker
+	for _, parts := range p.workers {
+		for _, w := range parts {
+			if errors.Is(w.health.parkedErr(), dedup.ErrFenced) {
+				fenced = append(fenced, w)
+			}
+		}
+	}
 	p.mu.Unlock()
+	if len(fenced) == 0 {
+		return
+	}
+	held := map[string]map[int32]kgo.Offset{}
+	names := map[string][]int32{}
+	for _, w := range fenced {
+		if held[w.rt.from] == nil {
+			held[w.rt.from] = map[int32]kgo.Offset{}
+		}
+		held[w.rt.from][w.part.Partition] = kgo.NewOffset()
+		names[w.rt.from] = append(names[w.rt.from], w.part.Partition)
+	}
+	p.log.Warn("partitions fenced earlier are still held after the rebalance: recovering them again", zap.Any("partitions", names))
+	stopAll(fenced, false, p.cfg.Pipeline.ShutdownGrace)
+	p.unregister(fenced)
+	starts, err := p.onAssigned(ctx, held)
+	if err != nil {
+		p.log.Error("recovering fenced partitions failed; they wait for the next rebalance", zap.Error(err))
+		return
+	}
+	set := map[string]map[int32]kgo.EpochOffset{}
+	for topic, parts := range starts {
+		set[topic] = map[int32]kgo.EpochOffset{}
+		for part, o := range parts {
+			set[topic][part] = o.EpochOffset()
+		}
+	}
+	// The parked workers dropped what was fetched for them: fetch again
+	// from where recovery starts.
+	cl.SetOffsets(set)
 }
 
 // onAssigned runs recovery (recover.go) for newly assigned partitions,

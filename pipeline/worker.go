@@ -197,13 +197,20 @@ func (w *worker) stop(finish bool, within time.Duration) {
 // fix: a fence (another owner has it), a halt (bad input or a refused
 // record with nowhere to go), data loss in the input, a store error that
 // is not an outage. The worker takes nothing more and stays assigned,
-// halted, until it is revoked; nothing is skipped: the committed offset
+// halted, until it is revoked (or, fenced, recovered again: onJoined);
+// nothing is skipped: the committed offset
 // stays below what was not delivered.
 func (w *worker) park(err error) {
 	w.health.park(err)
 	switch {
 	case errors.Is(err, dedup.ErrFenced):
 		w.log.Warn("partition fenced: another instance owns it now; stopping work on it until it is revoked", zap.Error(err))
+		// Ask the coordinator whose it is: rejoining, a member that was
+		// dropped (a zombie) loses it, while a member that holds it in the
+		// current generation gets it back and recovers it (onJoined).
+		if w.d.client != nil {
+			w.d.client.ForceRebalance()
+		}
 	default:
 		w.log.Error("partition halted", zap.Error(err))
 	}
