@@ -75,6 +75,12 @@ rules: promtool ## Check the alert rules and run their promtool tests
 bench: ## Run the benchmarks and print ratios against same-run baselines (BASE=<rev>: the dam to compare with; PROFILE=1: CPU profiles in bench-profiles/)
 	$(GO) run ./internal/benchreport
 
+.PHONY: chaos
+chaos: ## Run every chaos scenario at full size through the real binary (about 20 minutes) and print the table (also in chaos.txt)
+	@rm -f chaos.txt; status=0; \
+	DAM_CHAOS=full DAM_CHAOS_TABLE=$(CURDIR)/chaos.txt $(GO) test -count=1 -timeout 80m -run '^TestChaos$$' ./internal/e2e || status=$$?; \
+	if [ -f chaos.txt ]; then cat chaos.txt; else echo "chaos: no table written"; fi; exit $$status
+
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck (pinned)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

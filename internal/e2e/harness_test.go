@@ -3,6 +3,10 @@
 // a real PostgreSQL, and checks the delivery protocol's promise end to end:
 // whatever kills, outages and rebalances happen, no forwarded record is
 // lost, nothing the model drops is forwarded, and per-entity order holds.
+//
+// chaos_test.go is the chaos suite (`make chaos` at full size, `make test`
+// at a reduced one): each fault of DESIGN §2, many times, in both delivery
+// modes, in one table.
 package e2e
 
 import (
@@ -107,15 +111,18 @@ type broker struct {
 	port    int
 	dataDir string
 	topics  []string
-	mu      sync.Mutex
-	c       *kfake.Cluster
+	// faults sits between the broker and its clients (see faultNet).
+	faults *faultNet
+	mu     sync.Mutex
+	c      *kfake.Cluster
 }
 
 // newBroker starts a broker holding the default route's topics and the
 // extra ones.
 func newBroker(t *testing.T, persistent bool, extra ...string) *broker {
 	t.Helper()
-	b := &broker{t: t, port: freePort(t), topics: append([]string{inTopic, outTopic, deadTopic}, extra...)}
+	b := &broker{t: t, port: freePort(t), topics: append([]string{inTopic, outTopic, deadTopic}, extra...),
+		faults: newFaultNet()}
 	if persistent {
 		b.dataDir = filepath.Join(t.TempDir(), "kfake")
 	}
@@ -128,7 +135,7 @@ func (b *broker) addr() string { return fmt.Sprintf("127.0.0.1:%d", b.port) }
 
 func (b *broker) start() {
 	b.t.Helper()
-	opts := []kfake.Opt{kfake.Ports(b.port), kfake.SeedTopics(partitions, b.topics...)}
+	opts := []kfake.Opt{kfake.Ports(b.port), kfake.SeedTopics(partitions, b.topics...), kfake.ListenFn(b.faults.listen)}
 	if b.dataDir != "" {
 		opts = append(opts, kfake.DataDir(b.dataDir), kfake.SyncWrites())
 	}
@@ -146,6 +153,16 @@ func (b *broker) start() {
 	b.mu.Lock()
 	b.c = c
 	b.mu.Unlock()
+}
+
+// cluster returns the running kfake cluster (for its control hooks).
+func (b *broker) cluster() *kfake.Cluster {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.c == nil {
+		b.t.Fatal("the broker is stopped")
+	}
+	return b.c
 }
 
 func (b *broker) stop() {
@@ -166,6 +183,10 @@ type sidecar struct {
 	httpAddr string
 	logDir   string
 	grace    time.Duration
+	// maxInFlight is the configuration's pipeline.max_in_flight.
+	maxInFlight int
+	// env is added to the environment of the next start (DAM_TEST_PAUSE_AT).
+	env []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -182,6 +203,10 @@ type sidecarOpts struct {
 	// routes is the YAML of the configuration's routes list; "" is one
 	// last-seen route over inTopic, outTopic and deadTopic (service e2e).
 	routes string
+	// delivery is kafka.delivery; "" is at-least-once.
+	delivery string
+	// maxInFlight is pipeline.max_in_flight; 0 is 5000.
+	maxInFlight int
 }
 
 var defaultRoutes = fmt.Sprintf(`
@@ -201,7 +226,13 @@ func newSidecar(t *testing.T, name string, o sidecarOpts) *sidecar {
 	if o.routes == "" {
 		o.routes = defaultRoutes
 	}
-	s := &sidecar{t: t, name: name, logDir: dir, grace: o.grace,
+	if o.delivery == "" {
+		o.delivery = "at-least-once"
+	}
+	if o.maxInFlight == 0 {
+		o.maxInFlight = 5000
+	}
+	s := &sidecar{t: t, name: name, logDir: dir, grace: o.grace, maxInFlight: o.maxInFlight,
 		httpAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
 		cfgPath:  filepath.Join(dir, "dam.yaml")}
 	cfg := fmt.Sprintf(`kafka:
@@ -212,6 +243,7 @@ func newSidecar(t *testing.T, name string, o sidecarOpts) *sidecar {
   session_timeout: 6s
   rebalance_timeout: 20s
   transaction_timeout: 5s
+  delivery: %s
 postgres:
   dsn: %q
   migrate: true
@@ -226,11 +258,11 @@ log:
   format: json
 pipeline:
   batch_size: 500
-  max_in_flight: 5000
+  max_in_flight: %d
   shutdown_grace: %s
   retry_min: 50ms
   retry_max: 1s
-routes:%s`, o.brokers, name, o.dsn, s.httpAddr, o.grace, o.routes)
+routes:%s`, o.brokers, name, o.delivery, o.dsn, s.httpAddr, o.maxInFlight, o.grace, o.routes)
 	if err := os.WriteFile(s.cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -263,6 +295,9 @@ func (s *sidecar) start() {
 	}
 	cmd := exec.Command(damBin, "run", "--config", s.cfgPath)
 	cmd.Stdout, cmd.Stderr = f, f
+	if len(s.env) > 0 {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		s.t.Fatalf("%s: start: %v", s.name, err)
@@ -350,8 +385,8 @@ func (s *sidecar) dumpLogs() {
 			continue
 		}
 		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		if len(lines) > 40 {
-			lines = lines[len(lines)-40:]
+		if len(lines) > 60 {
+			lines = lines[len(lines)-60:]
 		}
 		s.t.Logf("--- tail of %s ---\n%s", filepath.Base(p), strings.Join(lines, "\n"))
 	}
@@ -371,10 +406,27 @@ func (s *sidecar) logContains(sub string) bool {
 	return false
 }
 
+// currentLogContains reports whether the log of the current (or last)
+// process has a line containing sub.
+func (s *sidecar) currentLogContains(sub string) bool {
+	s.mu.Lock()
+	var p string
+	if len(s.logs) > 0 {
+		p = s.logs[len(s.logs)-1]
+	}
+	s.mu.Unlock()
+	data, err := os.ReadFile(p)
+	return err == nil && bytes.Contains(data, []byte(sub))
+}
+
 var httpClient = &http.Client{Timeout: 2 * time.Second}
 
 // halted returns the sum of dam_halted over services from /metrics.
-func (s *sidecar) halted() (float64, error) {
+func (s *sidecar) halted() (float64, error) { return s.metric("dam_halted") }
+
+// metric returns the sum of the series of name whose labels include all
+// of labels (name=value pairs), from the sidecar's /metrics.
+func (s *sidecar) metric(name string, labels ...string) (float64, error) {
 	resp, err := httpClient.Get("http://" + s.httpAddr + "/metrics")
 	if err != nil {
 		return 0, err
@@ -383,12 +435,19 @@ func (s *sidecar) halted() (float64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return 0, fmt.Errorf("/metrics: %s", resp.Status)
 	}
-	sum, found := 0.0, false
+	sum := 0.0
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "dam_halted{") && !strings.HasPrefix(line, "dam_halted ") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		match := true
+		for i := 0; i+1 < len(labels); i += 2 {
+			match = match && strings.Contains(line, fmt.Sprintf("%s=%q", labels[i], labels[i+1]))
+		}
+		if !match {
 			continue
 		}
 		f := strings.Fields(line)
@@ -397,18 +456,9 @@ func (s *sidecar) halted() (float64, error) {
 			return 0, fmt.Errorf("/metrics: %q: %v", line, err)
 		}
 		sum += v
-		found = true
 	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	if !found {
-		return 0, errNoSeries
-	}
-	return sum, nil
+	return sum, sc.Err()
 }
-
-var errNoSeries = errors.New("/metrics: no dam_halted series yet")
 
 // ready returns /readyz's status code (0 when unreachable).
 func (s *sidecar) ready() int {
@@ -522,6 +572,16 @@ func (g *loadgen) run() error {
 	return nil
 }
 
+// finished reports whether the generator is done.
+func (g *loadgen) finished() bool {
+	select {
+	case <-g.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (g *loadgen) wait(limit time.Duration) {
 	g.t.Helper()
 	select {
@@ -537,6 +597,7 @@ func (g *loadgen) wait(limit time.Duration) {
 // report is the checker's result.
 type report struct {
 	input, forwards int
+	delivered       int // records in the output topic, repeats included
 	lost, extra     int
 	falseForwards   int
 	orderErrors     int
@@ -605,7 +666,7 @@ func (rc routeCheck) check(brokers string) (report, error) {
 	}
 	sortRecs(in)
 	sortRecs(out)
-	r := report{input: len(in), dead: len(dead)}
+	r := report{input: len(in), delivered: len(out), dead: len(dead)}
 	problem := func(f string, a ...any) {
 		if len(r.firstProblems) < 10 {
 			r.firstProblems = append(r.firstProblems, fmt.Sprintf(f, a...))

@@ -1,13 +1,10 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -114,39 +111,6 @@ func versionModel(in []*kgo.Record) map[string][]string {
 		m[k] = append(m[k], string(rec.Value))
 	}
 	return m
-}
-
-// metric returns the sum of the series of name whose labels include all
-// of labels (name=value pairs), from the sidecar's /metrics.
-func (s *sidecar) metric(name string, labels ...string) (float64, error) {
-	resp, err := httpClient.Get("http://" + s.httpAddr + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	sum := 0.0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") {
-			continue
-		}
-		match := true
-		for i := 0; i+1 < len(labels); i += 2 {
-			match = match && strings.Contains(line, fmt.Sprintf("%s=%q", labels[i], labels[i+1]))
-		}
-		if !match {
-			continue
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			return 0, fmt.Errorf("/metrics: %q: %v", line, err)
-		}
-		sum += v
-	}
-	return sum, sc.Err()
 }
 
 // TestKill9Modes runs a last-seen, a window, a version and a refresh route

@@ -132,10 +132,11 @@ func (p *Proxy) pipe(l *link) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	var lost atomic.Bool // the reply of a COMMIT is being lost
-	go func() {          // client -> server
+	var commits commitSpotter
+	go func() { // client -> server
 		defer wg.Done()
 		p.copy(l, up, l.client, func(chunk []byte) bool {
-			if bytes.Contains(chunk, []byte("\x00COMMIT\x00")) || bytes.Contains(chunk, []byte("Q\x00\x00\x00\x0bCOMMIT\x00")) {
+			if commits.spot(chunk) {
 				if then := p.commit.Swap(nil); then != nil {
 					lost.Store(true)
 					_, _ = up.Write(chunk)
@@ -178,6 +179,59 @@ func (p *Proxy) copy(l *link, dst, src net.Conn, pass func([]byte) bool) {
 			return
 		}
 	}
+}
+
+// commitSpotter finds PostgreSQL COMMITs in what a client sends: as a
+// simple query, as an unnamed statement (Parse with its text, as pgx sends
+// with default_query_exec_mode=exec), or as a named prepared statement
+// (pgx's default statement cache: the text is parsed once per connection,
+// then only bound by name, which is the COMMIT to spot).
+type commitSpotter struct {
+	named [][]byte // names of statements prepared as COMMIT
+}
+
+var commitText = []byte("\x00COMMIT\x00")
+
+func (c *commitSpotter) spot(chunk []byte) bool {
+	if bytes.Contains(chunk, []byte("Q\x00\x00\x00\x0bCOMMIT\x00")) {
+		return true
+	}
+	found := false
+	for rest := chunk; ; {
+		i := bytes.Index(rest, commitText)
+		if i < 0 {
+			break
+		}
+		// Parse: 'P', int32 length, name, 0, query, 0. The name is printable
+		// and ends at i; the length before it may hold printable bytes too,
+		// so the name starts where 'P' is 5 bytes before.
+		j := i
+		for j > 0 && rest[j-1] >= 0x21 && rest[j-1] < 0x7f {
+			j--
+		}
+		for ; j <= i; j++ {
+			if j >= 5 && rest[j-5] == 'P' {
+				break
+			}
+		}
+		switch {
+		case j > i:
+			found = true // not a Parse we can read: take it for a COMMIT
+		case j == i:
+			found = true // the unnamed statement: parsed, bound and executed at once
+		default:
+			c.named = append(c.named, bytes.Clone(rest[j:i]))
+		}
+		rest = rest[i+len(commitText)-1:]
+	}
+	for _, name := range c.named {
+		// Bind: 'B', int32 length, portal (""), 0, statement name, 0.
+		bind := append(append([]byte{0}, name...), 0)
+		if bytes.Contains(chunk, bind) {
+			found = true
+		}
+	}
+	return found
 }
 
 func (p *Proxy) forget(l *link) {
