@@ -25,7 +25,7 @@ import (
 // into real dam processes under load, in both delivery modes, then reads
 // everything back (read_committed) and compares it with the reference
 // last-seen model of the input. `make chaos` runs the full sizes
-// (DAM_CHAOS=full) and prints the table (DAM_CHAOS_TABLE=FILE); `make
+// (DAM_TEST_CHAOS=full) and prints the table (DAM_TEST_CHAOS_TABLE=FILE); `make
 // test` runs every row at a reduced size.
 
 const (
@@ -37,7 +37,7 @@ const (
 	chaosInFlight = 1000
 )
 
-var chaosFull = os.Getenv("DAM_CHAOS") == "full"
+var chaosFull = os.Getenv("DAM_TEST_CHAOS") == "full"
 
 // sized picks the reduced (make test) or the full (make chaos) size.
 func sized[T any](reduced, full T) T {
@@ -205,7 +205,7 @@ func TestChaos(t *testing.T) {
 	}
 	tw.Flush()
 	t.Log("\n" + sb.String())
-	if path := os.Getenv("DAM_CHAOS_TABLE"); path != "" {
+	if path := os.Getenv("DAM_TEST_CHAOS_TABLE"); path != "" {
 		if err := os.WriteFile(path, []byte(sb.String()), 0o644); err != nil {
 			t.Error(err)
 		}
