@@ -153,11 +153,14 @@ type Log struct {
 
 // Pipeline tunes the consume-decide-deliver loop.
 type Pipeline struct {
-	// BatchSize is the maximum number of records per decide transaction.
-	// Default 1000.
+	// BatchSize sizes the poll: dam polls up to 4 × BatchSize records at a
+	// time. A decide takes every record queued for its partition, up to
+	// MaxBatch, so a caught-up partition decides the few records that
+	// arrived and BatchSize only marks where a backlog starts; it is the
+	// lower bound of MaxBatch and MaxInFlight. Default 1000.
 	BatchSize int `koanf:"batch_size"`
-	// MaxBatch is the most records a decide transaction takes while a
-	// partition has a backlog (its queue holds more than BatchSize): big
+	// MaxBatch is the most records one decide transaction takes (a
+	// partition with a backlog decides in transactions this big): big
 	// batches amortize PostgreSQL's per-transaction costs when throughput
 	// matters, small ones keep latency low when caught up. At least
 	// BatchSize. Default 10000.
