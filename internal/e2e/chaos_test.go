@@ -465,16 +465,21 @@ func chaosBroker(c *chaosRun) {
 	c.recovered(time.Now(), s)
 
 	for range sized(1, 2) {
+		t0 := time.Now()
 		c.b.stop()
+		stopped := time.Since(t0)
 		stop := make(chan struct{})
 		seen := watchHalted(s, stop)
 		time.Sleep(sized(8*time.Second, 15*time.Second))
 		close(stop)
 		got := <-seen
 		c.b.start()
-		c.fault("broker restart")
-		if !got[0] || !got[1] {
-			c.t.Error("while the broker was down dam did not report both dam_halted > 0 and /readyz 503")
+		c.fault(fmt.Sprintf("broker restart (stopping it took %s)", stopped.Round(time.Millisecond)))
+		// /readyz is 503 while no broker answers; dam_halted counts the
+		// partitions held, which are lost once the session times out, so
+		// a probe that sees the outage late may find none to count.
+		if !got[1] {
+			c.t.Errorf("while the broker was down /readyz never answered 503 (dam_halted > 0 seen: %v)", got[0])
 		}
 		c.recovered(time.Now(), s)
 	}
