@@ -76,6 +76,12 @@ type options struct {
 	base                            string // git revision of the dam-base variant
 	profile                         string // directory of the dam variants' CPU profiles
 	baseBin                         string
+	// compression is dam's kafka.compression in every dam variant (the
+	// base's too when it knows the key): snappy, what the passthrough and
+	// the versions before the key (franz-go's default) use, so that every
+	// variant writes the same bytes.
+	compression     string
+	baseCompression bool // the base accepts kafka.compression
 }
 
 func main() {
@@ -100,6 +106,7 @@ func main() {
 	flag.IntVar(&o.maxInFlight, "max-in-flight", 0, "dam pipeline.max_in_flight (0: dam's default)")
 	flag.IntVar(&o.maxConns, "max-conns", 0, "dam postgres.max_conns (0: dam's default)")
 	flag.IntVar(&o.maxBatch, "max-batch", 0, "dam pipeline.max_batch (0: dam's default)")
+	flag.StringVar(&o.compression, "compression", "snappy", "dam kafka.compression in every dam variant, the base's too when it knows the key (\"\": dam's default, none)")
 	flag.StringVar(&o.profile, "profile", profileDir(os.Getenv("PROFILE")), "write each dam variant's CPU profile to this directory, for go tool pprof (default: bench-profiles when $PROFILE is 1, else $PROFILE)")
 	flag.Float64Var(&o.decideBest, "decide-best", 0, "records/s of the best batched Decide benchmark in the same run (make bench passes it)")
 	flag.StringVar(&o.decideBestName, "decide-best-name", "", "its variant")
@@ -184,6 +191,7 @@ func run(o options) error {
 		if o.baseBin, o.base, err = buildBase(tmp, o.base); err != nil {
 			return fmt.Errorf("dam-base: %w", err)
 		}
+		o.baseCompression = knowsCompression(tmp, o.baseBin)
 	}
 
 	var results []result
@@ -689,11 +697,25 @@ func shortRev(h string) string {
 // isDam reports whether the variant runs the dam binary.
 func isDam(variant string) bool { return strings.HasPrefix(variant, "dam") }
 
+// knowsCompression reports whether the dam binary bin accepts
+// kafka.compression (dam config refuses an unknown key).
+func knowsCompression(tmp, bin string) bool {
+	cfg := filepath.Join(tmp, "probe.yaml")
+	text := "kafka:\n  brokers: [\"127.0.0.1:9092\"]\n  group: g\n  compression: [snappy]\npostgres:\n  dsn: postgres://127.0.0.1/x\nroutes:\n  - service: s\n    from: a\n    to: b\n"
+	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
+		return false
+	}
+	return exec.Command(bin, "config", "--config", cfg).Run() == nil
+}
+
 // damConfig is the variant's configuration; the base revision's (old) gets
 // only the keys every version knows.
 func damConfig(o options, broker, dsn, httpAddr, in, out, entity, delivery string, base bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kafka:\n  brokers: [%q]\n  group: %s\n  start: earliest\n  delivery: %s\n", broker, group, delivery)
+	if o.compression != "" && (!base || o.baseCompression) {
+		fmt.Fprintf(&b, "  compression: [%s]\n", o.compression)
+	}
 	fmt.Fprintf(&b, "postgres:\n  dsn: %q\n  migrate: true\n", dsn)
 	if o.maxConns > 0 {
 		fmt.Fprintf(&b, "  max_conns: %d\n", o.maxConns)
@@ -753,8 +775,8 @@ func printTable(w io.Writer, o options, rs []result) {
 		}
 		return fmt.Sprintf("%.2fx", r.rate()/b.rate())
 	}
-	fmt.Fprintf(w, "workload: %d entities, %.0f%% duplicates, ~500 B JSON, %d partitions (kfake); steady phase %d records/s for %s\n",
-		o.entities, o.dupRate*100, partitions, o.rate, o.steady)
+	fmt.Fprintf(w, "workload: %d entities, %.0f%% duplicates, ~500 B JSON, %d partitions (kfake); steady phase %d records/s for %s; dam's kafka.compression %q (base: %v)\n",
+		o.entities, o.dupRate*100, partitions, o.rate, o.steady, o.compression, o.baseCompression)
 	fmt.Fprintf(w, "naive runs on the first %d records (its own topic): compare records/s rates\n", min(o.naiveRecords, o.records))
 	fmt.Fprintf(w, "%-12s %9s %9s %10s %9s %9s %11s %11s %11s %8s %7s %8s %9s\n",
 		"variant", "records", "forwarded", "records/s", "vs naive", "vs pass", "p50 steady", "p99 steady", "p99 backlog", "RSS MB", "CPU s", "WAL B/r", "PG µs/r")
