@@ -102,8 +102,9 @@ func (c *chaosRun) fault(what string) {
 }
 
 // recovered waits, from the end of a fault at since, until every sidecar
-// of ss is ready and decides records again (dam_records_total grows, as
-// long as the load goes on), and records the longest such wait. A sidecar
+// of ss is ready and records are decided again (dam_records_total grows in
+// one of them, as long as the load goes on: a sidecar may hold no
+// partition), and records the longest such wait. A sidecar
 // that does not recover within two minutes is stuck: the test fails.
 func (c *chaosRun) recovered(since time.Time, ss ...*sidecar) {
 	c.t.Helper()
