@@ -69,9 +69,35 @@ type chaosRun struct {
 	load     *loadgen
 	alive    []*sidecar // the sidecars the final check waits with
 
+	// zombie may exit on a fence (exactly-once: its producer fenced when
+	// its transaction ends) and is then restarted, as its orchestrator
+	// would; zombieRestarted says it was.
+	zombie          *sidecar
+	zombieRestarted bool
+
 	mu       sync.Mutex
 	faults   int
 	recovery time.Duration
+}
+
+// restartIfFenced restarts s if it is the zombie and has exited: naming a
+// fence, or the test fails.
+func (c *chaosRun) restartIfFenced(s *sidecar) bool {
+	if s != c.zombie {
+		return false
+	}
+	exited, err := s.exited()
+	if !exited {
+		return false
+	}
+	if !s.currentLogContains("fenced") {
+		c.t.Errorf("the zombie %s exited without naming a fence: %v", s.name, err)
+	}
+	c.t.Logf("the zombie %s exited on a fence (%v); restarting it", s.name, err)
+	s.env = nil
+	s.start()
+	c.zombieRestarted = true
+	return true
 }
 
 // sidecar makes a dam process of this run.
@@ -118,6 +144,9 @@ func (c *chaosRun) recovered(since time.Time, ss ...*sidecar) {
 		loadDone := c.load == nil || c.load.finished()
 		grew := false
 		for i, s := range ss {
+			if c.restartIfFenced(s) {
+				base[i] = 0 // a new process counts from 0
+			}
 			s.checkAlive()
 			if s.ready() != http.StatusOK {
 				ok = false
@@ -357,17 +386,9 @@ func chaosZombie(c *chaosRun) {
 		// be fenced too (the broker aborted its transaction on timeout):
 		// it then exits, naming the fence, and its orchestrator restarts
 		// it.
+		c.zombie, c.zombieRestarted = a, false
 		deadline = time.Now().Add(30 * time.Second)
-		for {
-			if exited, err := a.exited(); exited {
-				if !a.currentLogContains("fenced") {
-					c.t.Errorf("the zombie (a, paused at %s) exited without naming a fence: %v", step, err)
-				}
-				c.t.Logf("the zombie exited on a fence (%v); restarting it", err)
-				a.env = nil
-				a.start()
-				break
-			}
+		for !c.restartIfFenced(a) {
 			if a.currentLogContains("fenced") || a.currentLogContains(`"partitions lost`) || a.currentLogContains(`"partitions revoked`) {
 				break
 			}
@@ -378,6 +399,17 @@ func chaosZombie(c *chaosRun) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		c.recovered(resumed, a, b)
+		// In exactly-once mode the zombie's producer may be found fenced
+		// only when its transaction ends, within the transaction timeout
+		// (5 s here) of the resume: it then exits and is restarted.
+		for until := resumed.Add(10 * time.Second); c.delivery == eos && !c.zombieRestarted && time.Now().Before(until); {
+			if c.restartIfFenced(a) {
+				c.recovered(time.Now(), a, b)
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		c.zombie = nil
 		a.env = nil
 	}
 }
