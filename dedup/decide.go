@@ -82,16 +82,20 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 	for attempt := 1; ; attempt++ {
 		var raced bool
 		out, raced, err = s.decideOnce(ctx, b, entities, idx, out)
-		if !raced || attempt == maxDecideAttempts {
+		if !raced || attempt >= maxDecideAttempts+len(entities) || ctx.Err() != nil {
 			break
 		}
 	}
 	return out, err
 }
 
-// maxDecideAttempts bounds the runs of one Decide that lose a race for a
-// new identity (each run that loses finds the identity locked the next
-// time, so a second run is normally the last).
+// maxDecideAttempts, plus one per identity of the batch, bounds the runs
+// of one Decide that lose a race for a new identity. Each run that loses
+// finds that identity existing and locks it the next time, but another
+// new identity of the same batch can be lost in the next run: with
+// deciders of several partitions on overlapping identities (entity not the
+// partition key), five runs were seen to lose in a row, and the error
+// would have halted the partition.
 const maxDecideAttempts = 5
 
 // decideOnce is one transaction of Decide. raced reports a rollback caused
