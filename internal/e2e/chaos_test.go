@@ -109,6 +109,16 @@ func (c *chaosRun) sidecar(name string) *sidecar {
 	return newSidecar(c.t, name, o)
 }
 
+// startOne starts the run's one sidecar, the one the final check waits
+// with, and waits for it to be ready.
+func (c *chaosRun) startOne(within time.Duration) *sidecar {
+	s := c.sidecar("a")
+	c.alive = []*sidecar{s}
+	s.start()
+	s.waitReady(within)
+	return s
+}
+
 // startLoad produces n projections over d.
 func (c *chaosRun) startLoad(n int, d time.Duration) {
 	c.load = startLoad(c.t, c.b.addr(), n, 2000, d)
@@ -296,10 +306,7 @@ func chaosScenarios() []scenario {
 // delivered, since the restarted process is ready first.
 func chaosKill(c *chaosRun) {
 	kills := sized(3, 20)
-	s := c.sidecar("a")
-	c.alive = []*sidecar{s}
-	s.start()
-	s.waitReady(30 * time.Second)
+	s := c.startOne(30 * time.Second)
 	c.startLoad(sized(15000, 150000), sized(30*time.Second, 200*time.Second))
 	for range kills {
 		time.Sleep(time.Duration(1000+rand.IntN(2000)) * time.Millisecond)
@@ -429,10 +436,7 @@ func chaosPostgres(c *chaosRun) {
 	target, rewrite := tcpproxy.PostgresDSN(c.t, pg.DSN())
 	proxy := tcpproxy.New(c.t, target)
 	c.dsn = rewrite(proxy.Addr())
-	s := c.sidecar("a")
-	c.alive = []*sidecar{s}
-	s.start()
-	s.waitReady(60 * time.Second)
+	s := c.startOne(60 * time.Second)
 	c.startLoad(sized(20000, 90000), sized(45*time.Second, 180*time.Second))
 	time.Sleep(3 * time.Second)
 
@@ -477,10 +481,7 @@ func chaosPostgres(c *chaosRun) {
 // chaosBroker: the broker's connections reset, its replies delayed, and
 // the broker stopped and restarted on the same port with its data.
 func chaosBroker(c *chaosRun) {
-	s := c.sidecar("a")
-	c.alive = []*sidecar{s}
-	s.start()
-	s.waitReady(30 * time.Second)
+	s := c.startOne(30 * time.Second)
 	c.startLoad(sized(20000, 90000), sized(40*time.Second, 150*time.Second))
 	time.Sleep(3 * time.Second)
 
@@ -568,10 +569,7 @@ func chaosForwardFlapping(c *chaosRun) {
 	target, rewrite := tcpproxy.PostgresDSN(c.t, c.dsn)
 	proxy := tcpproxy.New(c.t, target)
 	c.dsn = rewrite(proxy.Addr())
-	s := c.sidecar("a")
-	c.alive = []*sidecar{s}
-	s.start()
-	s.waitReady(30 * time.Second)
+	s := c.startOne(30 * time.Second)
 	c.startLoad(sized(15000, 60000), sized(35*time.Second, 150*time.Second))
 	for i := range sized(4, 16) {
 		time.Sleep(time.Duration(1500+rand.IntN(1500)) * time.Millisecond)
@@ -593,10 +591,7 @@ func chaosForwardFlapping(c *chaosRun) {
 // overhead) while the broker still handles each request: dam cannot know
 // whether its transaction committed, and must neither lose nor repeat.
 func chaosAmbiguous(c *chaosRun) {
-	s := c.sidecar("a")
-	c.alive = []*sidecar{s}
-	s.start()
-	s.waitReady(30 * time.Second)
+	s := c.startOne(30 * time.Second)
 	rounds := sized(1, 3)
 	c.startLoad(sized(20000, 60000), sized(60*time.Second, 180*time.Second))
 	time.Sleep(3 * time.Second)
