@@ -49,8 +49,11 @@ const sqlCheck = `INSERT INTO state AS s (service, entity, digest, updated_at) V
 func CheckBatch(ctx context.Context, db Batcher, items []CheckItem, out []Decision) ([]Decision, error) {
 	out = out[:0]
 	for i, it := range items {
-		if it.Service == "" {
-			return out, fmt.Errorf("%w: item %d: empty service", ErrInvalid, i)
+		if err := CheckService(it.Service); err != nil {
+			return out, fmt.Errorf("%w: item %d: %w", ErrInvalid, i, err)
+		}
+		if err := CheckEntity(it.Entity); err != nil {
+			return out, fmt.Errorf("%w: item %d: %w", ErrInvalid, i, err)
 		}
 		if it.Digest.IsZero() {
 			return out, fmt.Errorf("%w: item %d: zero digest", ErrInvalid, i)

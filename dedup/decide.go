@@ -247,10 +247,11 @@ func validate(b *Batch) error {
 	switch {
 	case b == nil:
 		return fmt.Errorf("%w: nil batch", ErrInvalid)
-	case b.Service == "":
-		return fmt.Errorf("%w: empty service", ErrInvalid)
 	case b.End < b.Start:
 		return fmt.Errorf("%w: end %d before start %d", ErrInvalid, b.End, b.Start)
+	}
+	if err := CheckService(b.Service); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if err := b.Rule.validate(); err != nil {
 		return err
@@ -261,8 +262,15 @@ func validate(b *Batch) error {
 			return fmt.Errorf("%w: record %d: offset %d out of order or outside [%d, %d)", ErrInvalid, i, r.Offset, b.Start, b.End)
 		}
 		prev = r.Offset
-		if !r.Invalid && r.Digest.IsZero() {
+		if r.Invalid {
+			continue
+		}
+		if r.Digest.IsZero() {
 			return fmt.Errorf("%w: record %d (offset %d): zero digest", ErrInvalid, i, r.Offset)
+		}
+		if err := CheckEntity(r.Entity); err != nil {
+			// The caller marks such a record Invalid (bad input).
+			return fmt.Errorf("%w: record %d (offset %d): %w", ErrInvalid, i, r.Offset, err)
 		}
 	}
 	return nil

@@ -16,6 +16,10 @@ var (
 	// ErrInvalid: the request itself is wrong (empty service, records out of
 	// order or outside [Start, End)). A bug in the caller; never retry.
 	ErrInvalid = errors.New("dedup: invalid request")
+	// ErrIdentity: a service name or an entity outside the limits the
+	// store can hold (CheckService, CheckEntity). Bad input from whoever
+	// supplied it: a dead letter in the sidecar, a 400 from dam serve.
+	ErrIdentity = errors.New("dedup: identity out of bounds")
 )
 
 // ErrNotFound: no state is stored for the identity (Get).

@@ -290,8 +290,11 @@ type Querier interface {
 // if that transaction commits. It keeps no progress or log: for libraries
 // and tools; the sidecar uses Decide.
 func Check(ctx context.Context, db Querier, service string, entity []byte, d canon.Digest) (Decision, error) {
-	if service == "" {
-		return 0, fmt.Errorf("%w: empty service", ErrInvalid)
+	if err := CheckService(service); err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if err := CheckEntity(entity); err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if d.IsZero() {
 		return 0, fmt.Errorf("%w: zero digest", ErrInvalid)

@@ -64,6 +64,10 @@ func (rt *route) compileMode(rc config.Route) (pointers []string) {
 	default:
 		rt.rule = dedup.Rule{RefreshAfter: rc.RefreshAfter}
 	}
+	rt.identName = "entity (" + ident.String() + ")"
+	if rc.Mode == config.ModeWindow {
+		rt.identName = "message id (" + ident.String() + ")"
+	}
 	switch {
 	case ident.Kind == config.EntityPointer:
 		rt.ident = pointerValue{ident.Pointer, len(pointers)}
@@ -91,6 +95,9 @@ func (rt *route) identify(r *kgo.Record) (identity []byte, version int64, digest
 		if identity, err = rt.entity(r); err != nil {
 			return nil, 0, canon.Digest{}, err
 		}
+		if err = dedup.CheckEntity(identity); err != nil {
+			return nil, 0, canon.Digest{}, fmt.Errorf("%s: %w", rt.identName, err)
+		}
 	}
 	var vals [2]canon.Value
 	if rt.npointers == 0 {
@@ -112,6 +119,9 @@ func (rt *route) identify(r *kgo.Record) (identity []byte, version int64, digest
 			return nil, 0, canon.Digest{}, fmt.Errorf("%w at %s: not a non-empty string or a number", errNoID, rt.ident.pointer)
 		}
 		identity = v.Bytes
+		if err = dedup.CheckEntity(identity); err != nil {
+			return nil, 0, canon.Digest{}, fmt.Errorf("%s: %w", rt.identName, err)
+		}
 	}
 	if rt.version.on {
 		if version, err = rt.versionOf(r, vals[:rt.npointers]); err != nil {

@@ -48,6 +48,7 @@ type route struct {
 	// version and the window cleanup settings are modes.go's.
 	rule         dedup.Rule
 	ident        pointerValue // the identity's pointer value, when entity is nil
+	identName    string       // where the identity comes from, for errors
 	version      versionSource
 	npointers    int // values the hasher reads in its pass
 	cleanupEvery time.Duration
@@ -55,6 +56,9 @@ type route struct {
 }
 
 func compileRoute(rc config.Route) (*route, error) {
+	if err := dedup.CheckService(rc.Service); err != nil {
+		return nil, fmt.Errorf("service: %w", err)
+	}
 	format, err := canon.ParseFormat(rc.Format)
 	if err != nil {
 		return nil, err
