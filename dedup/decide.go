@@ -82,7 +82,14 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 	for attempt := 1; ; attempt++ {
 		var raced bool
 		out, raced, err = s.decideOnce(ctx, b, entities, idx, out)
-		if !raced || attempt >= maxDecideAttempts+len(entities) || ctx.Err() != nil {
+		if !raced {
+			break
+		}
+		if attempt >= maxDecideAttempts+len(entities) || ctx.Err() != nil {
+			// Still losing: contention, not a fault of the batch. Nothing
+			// changed; the caller retries after its backoff, as after an
+			// outage, instead of halting on a unique violation.
+			err = fmt.Errorf("%w: lost the race for a new identity to a concurrent decider %d times in a row: %w", ErrUnavailable, attempt, err)
 			break
 		}
 	}
@@ -96,7 +103,7 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 // deciders of several partitions on overlapping identities (entity not the
 // partition key), five runs were seen to lose in a row, and the error
 // would have halted the partition.
-const maxDecideAttempts = 5
+var maxDecideAttempts = 5
 
 // decideOnce is one transaction of Decide. raced reports a rollback caused
 // by a concurrent decider (a new identity created meanwhile, a deadlock):
