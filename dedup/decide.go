@@ -38,7 +38,9 @@ const (
 	// ON CONFLICT: a stale row at the same offset can only exist when an
 	// operator moved progress back by hand; the new decisions replace it.
 
-	sqlAdvance = `UPDATE progress SET next_offset = $4
+	// GREATEST ignores a NULL: an unknown delivered offset leaves the
+	// recorded one.
+	sqlAdvance = `UPDATE progress SET next_offset = $4, delivered = GREATEST(delivered, $6)
 		WHERE grp = $1 AND topic = $2 AND part = $3 AND epoch = $5`
 )
 
@@ -187,7 +189,11 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		rt2.Queue(sqlLog, p.Group, p.Topic, p.Partition, b.Start, b.End, logOffsets, logDecisions, logEntities)
 	}
 	var advanced int64
-	rt2.Queue(sqlAdvance, p.Group, p.Topic, p.Partition, b.End, b.Epoch).Exec(func(ct pgconn.CommandTag) error {
+	var delivered *int64
+	if b.Delivered > 0 {
+		delivered = &b.Delivered
+	}
+	rt2.Queue(sqlAdvance, p.Group, p.Topic, p.Partition, b.End, b.Epoch, delivered).Exec(func(ct pgconn.CommandTag) error {
 		advanced = ct.RowsAffected()
 		return nil
 	})
