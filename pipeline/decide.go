@@ -274,7 +274,7 @@ func (w *worker) decide(b *dedup.Batch) (decisions []dedup.Decision, undecided b
 // decideOnce is one Decide of b.
 func (w *worker) decideOnce(b *dedup.Batch) ([]dedup.Decision, error) {
 	start := time.Now()
-	ctx, cancel := w.storeCtx(w.dctx)
+	ctx, cancel := w.storeCtx(w.decideCtx())
 	defer cancel()
 	decisions, err := w.d.store.Decide(ctx, b, nil)
 	if err != nil {
@@ -302,7 +302,7 @@ func (w *worker) decideResolving(b *dedup.Batch) ([]dedup.Decision, error) {
 		return nil, retry.Permanent(err) // fenced, or a store error retrying cannot fix
 	}
 	prog, perr := retryStep(w, sideDecide, "reading progress after a failed decide", w.d.metrics.storeErrors, storeOp(func() (dedup.Progress, error) {
-		ctx, cancel := w.storeCtx(w.dctx)
+		ctx, cancel := w.storeCtx(w.decideCtx())
 		defer cancel()
 		return w.d.store.ReadProgress(ctx, w.part)
 	}))
@@ -335,7 +335,7 @@ func (w *worker) decisionsFromLog(b *dedup.Batch) ([]dedup.Decision, error) {
 		return decisions, nil // nothing is delivered for a catch-up batch
 	}
 	logged, err := retryStep(w, sideDecide, "reading the decision log", w.d.metrics.storeErrors, storeOp(func() ([]dedup.LoggedDecision, error) {
-		ctx, cancel := w.storeCtx(w.dctx)
+		ctx, cancel := w.storeCtx(w.decideCtx())
 		defer cancel()
 		entries, _, err := w.d.store.Logged(ctx, w.part, b.Start, b.End)
 		return entries, err
@@ -369,7 +369,7 @@ func (w *worker) decisionsFromLog(b *dedup.Batch) ([]dedup.Decision, error) {
 // The first batch may have committed before its reply was lost: P says
 // where to resume.
 func (w *worker) flush() error {
-	ctx, cancel := w.storeCtx(w.dctx)
+	ctx, cancel := w.storeCtx(w.decideCtx())
 	prog, err := w.d.store.ReadProgress(ctx, w.part)
 	cancel()
 	if err != nil {

@@ -291,7 +291,7 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 			w.log.Warn("logged forwards can no longer be read and no later record of their entities is left before the progress; resetting the entities' state so that their next record is forwarded",
 				zap.Int("entities", len(entities)))
 			_, err := retryStep(w, sideDecide, "resetting unreadable entities", w.d.metrics.storeErrors, storeOp(func() (int64, error) {
-				ctx, cancel := w.storeCtx(w.dctx)
+				ctx, cancel := w.storeCtx(w.decideCtx())
 				defer cancel()
 				return w.d.store.Reset(ctx, w.rt.service, entities...)
 			}))
