@@ -116,6 +116,7 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		Records:   make([]dedup.Record, 0, len(recs)),
 		NoLog:     catchUp,
 		Rule:      w.rt.rule,
+		Delivered: w.knownC.Load(),
 	}
 	var causes []error // per record, only once a record is bad
 	var halt error

@@ -602,10 +602,20 @@ func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]
 			w.start()
 			started = append(started, w)
 			parts[part] = r.start.WithEpoch(-1)
+			if r.halt != nil {
+				w.park(r.halt)
+				p.client.PauseFetchPartitions(map[string][]int32{topic: {part}})
+			}
 		}
 		// A partition halted in exactly-once mode is paused (transact.go);
-		// assigned anew, it is fetched again.
-		p.client.ResumeFetchPartitions(map[string][]int32{topic: slices.Collect(maps.Keys(parts))})
+		// assigned anew, it is fetched again, unless recovery halts it.
+		var resume []int32
+		for part := range parts {
+			if r, ok := recovered[part]; ok && r.halt == nil {
+				resume = append(resume, part)
+			}
+		}
+		p.client.ResumeFetchPartitions(map[string][]int32{topic: resume})
 	}
 	return offsets, nil
 }

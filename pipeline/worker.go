@@ -174,6 +174,7 @@ func (w *worker) start() {
 // budget of the records it took and did not deliver included.
 func (w *worker) ended() {
 	w.cancel()
+	w.recordDelivered()
 	if !w.d.transactional {
 		n := w.unreleased
 		for j := range w.jobs { // closed by the decider; what the deliverer left
