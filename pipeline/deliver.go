@@ -75,8 +75,10 @@ func (w *worker) delivered(j *job) {
 			}
 		}
 	}
-	if j.commitTo > w.committed {
-		w.setCommitted(j.commitTo)
+	if j.commitTo > 0 {
+		if j.commitTo > w.committed { // (never back: commit set it already)
+			w.setCommitted(j.commitTo)
+		}
 		w.proven()
 		w.d.metrics.pollToCommit.WithLabelValues(w.rt.service).Observe(time.Since(j.polled).Seconds())
 		w.pruneLog()

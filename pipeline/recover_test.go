@@ -476,3 +476,28 @@ func TestVersionReplayDeliversNoStaleVersion(t *testing.T) {
 		}
 	}
 }
+
+// The decision log is pruned below the committed offset as batches are
+// delivered, in both delivery modes: it holds what may be undelivered, not
+// the whole history.
+func TestLogPrunedBelowCommitted(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out")
+			dsn := pgtest.DSN(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			store := openStore(t, dsn)
+			r := start(t, cfg, store)
+			one(t, kc, "in", rec("a", `1`), rec("b", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 2)
+			waitFor(t, "the log pruned below 2", func() (bool, string) {
+				var n int
+				err := store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM decision_log WHERE end_offset <= 2`).Scan(&n)
+				return err == nil && n == 0, fmt.Sprint(n, err)
+			})
+			r.stop()
+		})
+	}
+}
