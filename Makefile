@@ -10,6 +10,14 @@ STATICCHECK_VERSION ?= v0.8.2
 HELM_VERSION ?= v3.22.0
 HELM_KUBE_MINOR ?= 37
 HELM := bin/helm-$(HELM_VERSION)
+# goreleaser and syft (its SBOMs), built from the Go module proxy into bin/
+# (cached there) as helm is. goreleaser v2.16.0 is the newest that builds
+# here: v2.17.0 needs a module the proxy refuses (go.digitalxero.dev/go-msix),
+# v2.18 needs Go 1.27.
+GORELEASER_VERSION ?= v2.16.0
+GORELEASER := bin/goreleaser-$(GORELEASER_VERSION)
+SYFT_VERSION ?= v1.57.0
+SYFT := bin/syft-$(SYFT_VERSION)/syft
 CHART := charts/dam
 # Packages with fuzz targets; `make fuzz` explores each target for FUZZTIME.
 FUZZTIME ?= 15s
@@ -20,7 +28,7 @@ DEMO_RECORDS ?= 20000
 
 .PHONY: help
 help: ## Show this help
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}'
 
 .PHONY: build
 build: ## Build bin/dam
@@ -62,6 +70,42 @@ chart: $(HELM) ## helm lint and helm template the chart with every value set of 
 	  $(HELM) template dam $(CHART) -f $$f >/dev/null; \
 	done
 
+# Built into a directory of its own, then renamed: an interrupted build
+# leaves no binary that looks finished.
+$(GORELEASER):
+	@mkdir -p bin
+	GOBIN=$(CURDIR)/bin/.goreleaser-build CGO_ENABLED=0 $(GO) install -trimpath -ldflags "-s -w" \
+	  github.com/goreleaser/goreleaser/v2@$(GORELEASER_VERSION)
+	mv bin/.goreleaser-build/goreleaser $@ && rmdir bin/.goreleaser-build
+
+# syft goes in a directory of its own: goreleaser runs it as `syft` from PATH.
+$(SYFT):
+	@mkdir -p bin
+	GOBIN=$(CURDIR)/bin/.syft-build CGO_ENABLED=0 $(GO) install -trimpath -ldflags "-s -w -X main.version=$(SYFT_VERSION)" \
+	  github.com/anchore/syft/cmd/syft@$(SYFT_VERSION)
+	@mkdir -p $(dir $@)
+	mv bin/.syft-build/syft $@ && rmdir bin/.syft-build
+
+.PHONY: release-tools
+release-tools: $(GORELEASER) $(SYFT) ## Build the pinned goreleaser and syft into bin/ (once, several minutes)
+
+# goreleaser reads the commit with git and stamps "none" when the checkout
+# has no remote (a local worktree): give it this directory as origin then.
+GIT_ORIGIN_ENV = $$(git ls-remote --get-url >/dev/null 2>&1 || echo GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=remote.origin.url GIT_CONFIG_VALUE_0=$(CURDIR))
+
+.PHONY: release-snapshot
+release-snapshot: $(GORELEASER) $(SYFT) ## Build the release (archives, checksums, SBOMs) into dist/ without publishing, and check it
+	env $(GIT_ORIGIN_ENV) PATH="$(CURDIR)/$(dir $(SYFT)):$$PATH" $(GORELEASER) release --snapshot --clean --skip=docker
+	$(GO) run ./internal/releasecheck -dist dist
+
+.PHONY: release-notes
+release-notes: ## Print CHANGELOG.md's section of VERSION (default: the latest tag), the notes of its release
+	@v="$${VERSION:-$$(git describe --tags --abbrev=0 2>/dev/null)}"; v="$${v#v}"; \
+	if [ -z "$$v" ]; then echo "release-notes: no tag: set VERSION" >&2; exit 1; fi; \
+	notes=$$(awk -v v="$$v" '/^## \[/ { on = index($$0, "## [" v "]") == 1; next } /^\[.*\]: / { next } on' CHANGELOG.md); \
+	if [ -z "$${notes//[[:space:]]/}" ]; then echo "release-notes: CHANGELOG.md has no section [$$v]" >&2; exit 1; fi; \
+	printf '%s\n' "$$notes"
+
 .PHONY: promtool
 promtool: ## Install promtool and prometheus (Debian's prometheus package) when missing
 	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || ./scripts/install-prometheus.sh
@@ -82,10 +126,11 @@ chaos: ## Run every chaos scenario at full size through the real binary (about 1
 	if [ -f chaos.txt ]; then cat chaos.txt; else echo "chaos: no table written"; fi; exit $$status
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck (pinned)
+lint: $(GORELEASER) ## gofmt, go vet and staticcheck (pinned), goreleaser check
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	$(GORELEASER) check
 
 .PHONY: fuzz
 fuzz: ## Explore every fuzz target for FUZZTIME each
