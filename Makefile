@@ -18,6 +18,12 @@ GORELEASER_VERSION ?= v2.16.0
 GORELEASER := bin/goreleaser-$(GORELEASER_VERSION)
 SYFT_VERSION ?= v1.57.0
 SYFT := bin/syft-$(SYFT_VERSION)/syft
+# The check service's Go client (examples/serveclient) is generated from
+# serve/openapi.yaml by oapi-codegen (`make generate`); `make lint` checks
+# it is current.
+OAPI_CODEGEN_VERSION ?= v2.8.2
+OAPI_CODEGEN = $(GO) run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@$(OAPI_CODEGEN_VERSION)
+SERVECLIENT := examples/serveclient
 CHART := charts/dam
 # Packages with fuzz targets; `make fuzz` explores each target for FUZZTIME.
 FUZZTIME ?= 15s
@@ -126,11 +132,19 @@ chaos: ## Run every chaos scenario at full size through the real binary (about 1
 	if [ -f chaos.txt ]; then cat chaos.txt; else echo "chaos: no table written"; fi; exit $$status
 
 .PHONY: lint
-lint: $(GORELEASER) ## gofmt, go vet and staticcheck (pinned), goreleaser check
+lint: $(GORELEASER) ## gofmt, go vet and staticcheck (pinned), goreleaser check, the generated client current
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	$(GORELEASER) check
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+	  (cd $(SERVECLIENT) && $(OAPI_CODEGEN) -config oapi-codegen.yaml -o $$tmp/client.gen.go ../../serve/openapi.yaml) && \
+	  if ! cmp -s $$tmp/client.gen.go $(SERVECLIENT)/client.gen.go; then \
+	    echo "$(SERVECLIENT)/client.gen.go is not what serve/openapi.yaml generates: run make generate"; exit 1; fi
+
+.PHONY: generate
+generate: ## Generate the check service's Go client (examples/serveclient) from serve/openapi.yaml
+	cd $(SERVECLIENT) && $(OAPI_CODEGEN) -config oapi-codegen.yaml -o client.gen.go ../../serve/openapi.yaml
 
 .PHONY: fuzz
 fuzz: ## Explore every fuzz target for FUZZTIME each
