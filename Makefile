@@ -3,6 +3,10 @@ SHELL := /bin/bash
 GO ?= go
 NPM ?= npm
 INTEROP := internal/interop
+# Redocly CLI lints the check service's OpenAPI document (make lint), as
+# internal/apilint's package-lock.json pins it; no telemetry, no update check.
+APILINT := internal/apilint
+REDOCLY := REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true $(APILINT)/node_modules/.bin/redocly
 STATICCHECK_VERSION ?= v0.8.2
 # helm, built from the Go module proxy into bin/ (cached there). The
 # Kubernetes version it assumes (helm template, helm lint) is its
@@ -49,6 +53,11 @@ deps: $(INTEROP)/node_modules/.package-lock.json ## Download Go modules and inst
 # package-lock.json pins it; reinstalled when the pin changes.
 $(INTEROP)/node_modules/.package-lock.json: $(INTEROP)/package.json $(INTEROP)/package-lock.json
 	cd $(INTEROP) && $(NPM) ci --no-audit --no-fund
+	@touch $@
+
+# Redocly CLI for make lint, exactly as its package-lock.json pins it.
+$(APILINT)/node_modules/.package-lock.json: $(APILINT)/package.json $(APILINT)/package-lock.json
+	cd $(APILINT) && $(NPM) ci --no-audit --no-fund
 	@touch $@
 
 .PHONY: test
@@ -132,11 +141,12 @@ chaos: ## Run every chaos scenario at full size through the real binary (about 1
 	if [ -f chaos.txt ]; then cat chaos.txt; else echo "chaos: no table written"; fi; exit $$status
 
 .PHONY: lint
-lint: $(GORELEASER) ## gofmt, go vet and staticcheck (pinned), goreleaser check, the generated client current
+lint: $(GORELEASER) $(APILINT)/node_modules/.package-lock.json ## gofmt, go vet and staticcheck (pinned), goreleaser check, the OpenAPI document (Redocly CLI), the generated client current
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	$(GORELEASER) check
+	$(REDOCLY) lint --config $(APILINT)/redocly.yaml --format=stylish serve/openapi.yaml
 	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
 	  (cd $(SERVECLIENT) && $(OAPI_CODEGEN) -config oapi-codegen.yaml -o $$tmp/client.gen.go ../../serve/openapi.yaml) && \
 	  if ! cmp -s $$tmp/client.gen.go $(SERVECLIENT)/client.gen.go; then \
