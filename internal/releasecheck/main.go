@@ -5,10 +5,10 @@
 //     named dam_<version>_<os>_<arch>.tar.gz, and no other archive;
 //   - the checksums file lists every archive and SBOM with its SHA-256, and
 //     every file it lists has that SHA-256;
-//   - each archive holds the dam binary, README.md and CHANGELOG.md (and
-//     LICENSE, reported when missing: the project has none yet); the binary
-//     is for the archive's platform, static (CGO_ENABLED=0), built with
-//     -trimpath, and stamped with the version and the commit;
+//   - each archive holds the dam binary, README.md, CHANGELOG.md and
+//     LICENSE; the binary is for the archive's platform, static
+//     (CGO_ENABLED=0), built with -trimpath, and stamped with the version
+//     and the commit;
 //   - each archive has its SPDX SBOM (<archive>.sbom.json) naming dam's
 //     module, unless -sbom=false;
 //   - the binary of the platform this runs on prints that version, commit
@@ -53,7 +53,7 @@ func (p platform) String() string { return p.os + "/" + p.arch }
 var mainPath = "github.com/dam-dedup/dam/cmd/dam"
 
 // required are the files every archive holds beside the binary.
-var required = []string{"README.md", "CHANGELOG.md"}
+var required = []string{"README.md", "CHANGELOG.md", "LICENSE"}
 
 func main() {
 	dist := flag.String("dist", "dist", "goreleaser's dist directory")
@@ -134,17 +134,14 @@ func check(w io.Writer, dist, head string, sbom bool) error {
 		if _, ok := sums[want[i]]; !ok {
 			return fmt.Errorf("%s: not in the checksums file", want[i])
 		}
-		bin, missing, err := readArchive(archive)
+		bin, err := readArchive(archive)
 		if err != nil {
 			return err
 		}
 		if err := checkBinary(bin, p, md.Version, md.Commit); err != nil {
 			return fmt.Errorf("%s: dam: %w", want[i], err)
 		}
-		note := ""
-		if len(missing) > 0 {
-			note = fmt.Sprintf(" (no %s)", strings.Join(missing, ", "))
-		}
+		note := ", " + strings.Join(required, ", ")
 		if sbom {
 			doc := want[i] + ".sbom.json"
 			if err := checkSBOM(filepath.Join(dist, doc)); err != nil {
@@ -211,17 +208,17 @@ func checkSum(path, want string) error {
 	return nil
 }
 
-// readArchive returns the dam binary of a tar.gz archive, and the names of
-// the optional files it lacks; it fails when a required file is missing.
-func readArchive(path string) (bin []byte, missing []string, err error) {
+// readArchive returns the dam binary of a tar.gz archive; it fails when a
+// required file is missing.
+func readArchive(path string) (bin []byte, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer f.Close()
 	zr, err := gzip.NewReader(f)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	tr := tar.NewReader(zr)
 	seen := map[string]bool{}
@@ -231,27 +228,24 @@ func readArchive(path string) (bin []byte, missing []string, err error) {
 			break
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", path, err)
+			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 		seen[h.Name] = true
 		if h.Name == "dam" {
 			if h.Mode&0o111 == 0 {
-				return nil, nil, fmt.Errorf("%s: dam is not executable (mode %o)", path, h.Mode)
+				return nil, fmt.Errorf("%s: dam is not executable (mode %o)", path, h.Mode)
 			}
 			if bin, err = io.ReadAll(tr); err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", path, err)
+				return nil, fmt.Errorf("%s: %w", path, err)
 			}
 		}
 	}
 	for _, name := range append([]string{"dam"}, required...) {
 		if !seen[name] {
-			return nil, nil, fmt.Errorf("%s: no %s at the top of the archive", filepath.Base(path), name)
+			return nil, fmt.Errorf("%s: no %s at the top of the archive", filepath.Base(path), name)
 		}
 	}
-	if !seen["LICENSE"] {
-		missing = append(missing, "LICENSE")
-	}
-	return bin, missing, nil
+	return bin, nil
 }
 
 // checkBinary reads the Go build information of bin: its platform, cgo

@@ -112,14 +112,14 @@ func TestCheck(t *testing.T) {
 	const sbom = `{"spdxVersion":"SPDX-2.3","packages":[{"name":"github.com/dam-dedup/dam"}]}`
 	base := func() release {
 		return release{commit: testCommit, sbom: sbom,
-			files: map[string][]byte{"dam": good, "README.md": []byte("# dam"), "CHANGELOG.md": []byte("# Changelog")}}
+			files: map[string][]byte{"dam": good, "README.md": []byte("# dam"), "CHANGELOG.md": []byte("# Changelog"), "LICENSE": []byte("Apache")}}
 	}
 
 	var out strings.Builder
 	if err := check(&out, base().write(t), testCommit, true); err != nil {
 		t.Fatalf("a good release: %v", err)
 	}
-	for _, want := range []string{"checksums: 2 files", "static, -trimpath, stamped " + testVersion + " (no LICENSE), SBOM",
+	for _, want := range []string{"checksums: 2 files", "static, -trimpath, stamped " + testVersion + ", README.md, CHANGELOG.md, LICENSE, SBOM",
 		"dam version: dam " + testVersion + " (commit " + testCommit + ", 2026-11-24T13:00:00Z)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
@@ -133,6 +133,7 @@ func TestCheck(t *testing.T) {
 	}{
 		{"another commit", func(r *release) { r.commit = "none" }, `commit "none", want HEAD`},
 		{"no CHANGELOG", func(r *release) { delete(r.files, "CHANGELOG.md") }, "no CHANGELOG.md"},
+		{"no LICENSE", func(r *release) { delete(r.files, "LICENSE") }, "no LICENSE"},
 		{"no binary", func(r *release) { delete(r.files, "dam") }, "no dam"},
 		{"a checksum wrong", func(r *release) { r.badSum = true }, "the checksums file says"},
 		{"the SBOM not summed", func(r *release) { r.skipSum = r.sbomName() }, "not in the checksums file"},
