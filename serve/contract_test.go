@@ -168,13 +168,17 @@ func bearerPresent(_ context.Context, in *openapi3filter.AuthenticationInput) er
 	return nil
 }
 
-// The document is served as it is embedded, without a token.
+// The document is served as it is embedded, without a token, and counted
+// as endpoint "openapi".
 func TestOpenAPIServed(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, nil)
 	code, hdr, out := h.do("GET", "/v1/openapi.yaml", "", "")
 	if code != 200 || hdr.Get("Content-Type") != "application/yaml" || out != string(serve.OpenAPI()) {
 		t.Fatalf("GET /v1/openapi.yaml: %d %q, %d bytes", code, hdr.Get("Content-Type"), len(out))
+	}
+	if _, _, m := h.do("GET", "/metrics", "", ""); !strings.Contains(m, `dam_serve_requests_total{code="200",endpoint="openapi"} 1`) {
+		t.Errorf("GET /v1/openapi.yaml is not counted as endpoint openapi")
 	}
 	c, err := contractDoc()
 	if err != nil {
