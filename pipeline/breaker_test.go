@@ -1,0 +1,158 @@
+package pipeline_test
+
+// Adversarial tests of the fix for issue 18 (branch breaker). Each
+// TestBreak* test states the invariant it breaks, the interleaving, and
+// the code responsible. They are meant to FAIL on the code they were
+// written against.
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/pipeline"
+)
+
+// failNextTxnOffsetCommit makes the broker answer the next
+// TxnOffsetCommit with an abortable error on every partition
+// (UNKNOWN_SERVER_ERROR: franz-go's End aborts the transaction and
+// reports it not committed), after running then (nil: nothing).
+func failNextTxnOffsetCommit(kc *testkafka.Cluster, then func()) <-chan struct{} {
+	done := make(chan struct{})
+	kc.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r := req.(*kmsg.TxnOffsetCommitRequest)
+		resp := r.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
+		for _, t := range r.Topics {
+			rt := kmsg.NewTxnOffsetCommitResponseTopic()
+			rt.Topic, rt.TopicID = t.Topic, t.TopicID
+			for _, p := range t.Partitions {
+				rp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+				rp.Partition = p.Partition
+				rp.ErrorCode = kerr.UnknownServerError.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		if then != nil {
+			then()
+		}
+		close(done)
+		return resp, nil, true
+	})
+	return done
+}
+
+// BREAK 1 (stall: shutdown outlives shutdown_grace; issue 18 item 4).
+//
+// docs/delivery.md: "A shutdown ends within pipeline.shutdown_grace in
+// both modes." In exactly-once mode a round that does not commit sets its
+// partitions to be planned again (uncommitted -> w.replanning), and
+// transactLoop runs replanPending() before the next poll. replan() reads
+// P with storeCtx(w.dctx): bounded only by the store timeout
+// (2 x statement_timeout + lock_timeout + 5 s = 17 s here) and by the
+// worker's own context, which the shutdown cancels only later, in
+// p.shutdown(), after transactLoop has returned. The process context is
+// not looked at inside replanPending. So a shutdown that comes while
+// PostgreSQL does not answer (a network partition: Blackhole, not a
+// refused connection) waits for the store timeout, once per partition
+// being planned again, and the process is SIGKILLed by its orchestrator.
+//
+// Interleaving: a round's TxnOffsetCommit fails (abort) and, at that
+// moment, PostgreSQL stops answering; the loop sleeps its backoff, then
+// replanPending -> replan -> ReadProgress hangs; SIGTERM.
+// Code: pipeline/transact.go replanPending / replan (storeCtx(w.dctx),
+// fetchCommitted with TransactionTimeout+5s), transactLoop (ctx checked
+// only after replanPending returns).
+func TestBreakShutdownDuringReplanInStoreBlackhole(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	proxy, dsn, _ := pgProxy(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	cfg.Pipeline.ShutdownGrace = 3 * time.Second
+	cfg.Pipeline.RetryMin = 50 * time.Millisecond
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("k", `"A"`))
+	exactly(t, kc, "out", map[string][]string{"k": {`"A"`}})
+
+	failed := failNextTxnOffsetCommit(kc, proxy.Blackhole)
+	one(t, kc, "in", rec("k", `"B"`))
+	select {
+	case <-failed:
+	case <-time.After(waitTimeout):
+		t.Fatal("no TxnOffsetCommit came")
+	}
+	// The abort, the backoff (at most 200 ms), and replanPending is
+	// waiting for PostgreSQL.
+	time.Sleep(1500 * time.Millisecond)
+	began := time.Now()
+	r.stop()
+	took := time.Since(began)
+	proxy.Restore()
+	if took > cfg.Pipeline.ShutdownGrace+time.Second {
+		t.Errorf("shutdown took %s while PostgreSQL did not answer, above shutdown_grace %s", took.Round(100*time.Millisecond), cfg.Pipeline.ShutdownGrace)
+	} else {
+		t.Logf("shutdown took %s", took)
+	}
+}
+
+// BREAK 2 (stall: a halt of a partition that has a dead-letter topic,
+// caused by one record the store refuses; issue 18 item 10: "No error from
+// the store about one record may halt a partition that has a dead-letter
+// topic").
+//
+// With on_store_failure: forward, a record decided while PostgreSQL is
+// down is forwarded undecided and its batch kept in w.pending, to be
+// written back (flush) once the store answers. If the store then refuses
+// that record (SQLSTATE class 22/54: the case decideApart was written
+// for), flush() returns the store's error as is, and nothing decides the
+// pending batch apart: decideLoop parks the partition on it (idle
+// partition: decideLoop's flush; a partition with new records: decide()
+// returns the flush error as the new batch's, decideApart then decides the
+// *new* batch from the wrong start and is fenced). The partition halts,
+// not ready, with the raw store error, naming no offset, until a restart.
+// Code: pipeline/decide.go flush() and decideLoop (w.park on flush's
+// error); decideBatch only tries decideApart for the batch at hand.
+func TestBreakStoreRefusedRecordForwardedUndecidedHalts(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out", "dlq")
+	proxy, dsn, direct := pgProxy(t)
+	rt := route("svc", "in", "out")
+	rt.DeadLetter = "dlq"
+	rt.OnStoreFailure = config.OnStoreFailureForward
+	cfg := testConfig(t, kc, dsn, rt)
+	cfg.Pipeline.RetryMin = 50 * time.Millisecond
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("a", `1`))
+	r.waitRecords("svc", 1)
+	storeRefuses(t, direct)
+
+	proxy.Cut()
+	one(t, kc, "in", rec("poison", `1`)) // forwarded undecided
+	r.waitRecords("svc", 2)
+	proxy.Restore()
+	time.Sleep(2 * time.Second) // the write-back of the undecided batch
+	one(t, kc, "in", rec("a", `2`))
+	var last error
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if last = r.pl.Ready(); last == nil && r.records("svc") == 3 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if last != nil || r.records("svc") != 3 {
+		t.Errorf("a partition with a dead-letter topic is halted by one record the store refuses: Ready() = %v, %d of 3 records through", last, r.records("svc"))
+	}
+	if errors.Is(last, pipeline.ErrHalted) || last != nil {
+		t.Logf("halt: %v", last)
+	}
+	_ = fmt.Sprint
+}
