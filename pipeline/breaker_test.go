@@ -13,9 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pgtest"
@@ -276,6 +280,141 @@ func TestBreakHugeKeyExactlyOnceLoops(t *testing.T) {
 	}
 	if n := r.counter("dam_delivery_errors_total", "svc"); n > 3 {
 		t.Errorf("%v aborted rounds in 12 s: an endless abort loop, never a halt", n)
+	}
+	r.stop()
+}
+
+// BREAK 5 (duplicate in exactly-once mode: a forward delivered twice to
+// read_committed readers).
+//
+// franz-go's GroupTransactSession keeps its own idea of the committed
+// offsets: after a committed End it sets them to every offset polled
+// (setOffsets(postcommit)), after an aborted one it rewinds every
+// partition whose polled head differs from that idea to it
+// (setOffsets(currentCommit)): the fetch cursor moves back and what is
+// buffered is dropped. dam's worker knows nothing of that rewind unless
+// the partition was in the aborted round (then it is planned again).
+//
+// A partition holding a replay (w.plan.replay, its jobs held in w.round
+// until the replay is complete) is polled in a round that ends without
+// any End (round: "Only held replays and catch-up: nothing to deliver or
+// commit"), so franz-go's polled head for it moves past its idea of the
+// committed offset. The next round holds only another partition and
+// aborts (here: its TxnOffsetCommit fails; a decide error or a halt does
+// the same through uncommitted's End(TryAbort)). franz-go rewinds the
+// replaying partition to C and it reads [C, ...) again, while its worker
+// still holds the replay's state: rp.log has been consumed past those
+// offsets, so each re-read record is taken for one the log does not name
+// and goes through replay()'s other branches: on a shadow route it is
+// delivered again (marked dam-duplicate), with its first copy still in
+// the held jobs; both copies are committed in the replay's transaction.
+// (On a route without shadow, the same re-read makes owes() deliver an
+// older record of an owed entity as its owed content and forget the debt:
+// the entity's last content is never delivered.)
+//
+// Determinism: one record batch per fetch (FetchMaxPartitionBytes(1),
+// records produced one batch each), fetch sessions off, and a kfake fault
+// that answers in/0's fetches past C with NOT_LEADER_FOR_PARTITION while
+// the other partition's round aborts.
+// Code: pipeline/transact.go round (the no-End return for held replays;
+// uncommitted replans only the round's parts), decideRound/replay (held
+// state kept across rounds), franz-go txn.go End (setOffsets).
+func TestBreakHeldReplayRewoundByAnotherPartitionsAbort(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 2, "in", "out")
+	dsn := pgtest.DSN(t)
+	rt := route("svc", "in", "out")
+	rt.Shadow = true
+	cfg := eosConfig(t, kc, dsn, "a", rt)
+	cfg.Pipeline.ShutdownGrace = 2 * time.Second
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	one(t, kc, "in", rec("k0", `0`))
+	exactly(t, kc, "out", map[string][]string{"k0": {`0`}})
+	waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+	r.stop()
+
+	// in/0: [1, 4) decided and logged, not delivered (C = 1, P = 4).
+	gate := newProduceGate(t, kc, "out")
+	one(t, kc, "in", rec("k1", `1`))
+	one(t, kc, "in", rec("k2", `1`))
+	one(t, kc, "in", rec("k3", `1`))
+	gate.close()
+	r = start(t, cfg, store)
+	waitProgress(t, store, cfg, "in", 0, 4)
+	r.crash()
+	gate.open()
+
+	// The replay of [1, 4) reads one record per fetch; after the first,
+	// in/0's fetches fail until the other partition's round has aborted.
+	td, err := kadm.NewClient(kc.Client()).ListTopics(context.Background(), "in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inID := td["in"].ID
+	heldOne := make(chan struct{}, 1)
+	fault := kc.Fault(kfake.Fault{
+		Keys: []kmsg.Key{kmsg.Fetch}, Topic: "in", TopicID: inID, Partitions: []int32{0}, Count: -1,
+		Err: kerr.NotLeaderForPartition,
+		When: func(req kmsg.Request) bool {
+			for _, t := range req.(*kmsg.FetchRequest).Topics {
+				if t.Topic != "in" && t.TopicID != inID {
+					continue
+				}
+				for _, p := range t.Partitions {
+					if p.Partition == 0 && p.FetchOffset > 1 {
+						select {
+						case heldOne <- struct{}{}:
+						default:
+						}
+						return true
+					}
+				}
+			}
+			return false
+		},
+	})
+	validate(t, &cfg)
+	reg := prometheus.NewRegistry()
+	pl, err := pipeline.New(cfg, store, pipeline.WithLogger(zaptest.NewLogger(t)), pipeline.WithRegisterer(reg),
+		pipeline.WithKafkaOptions(kgo.FetchMaxPartitionBytes(1), kgo.DisableFetchSessions()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, pl, reg)
+	select {
+	case <-heldOne: // in/0's offset 1 was polled (its replay holds it)
+	case <-time.After(waitTimeout):
+		t.Fatal("in/0 was never fetched past offset 1")
+	}
+	time.Sleep(500 * time.Millisecond)
+	aborted := failNextTxnOffsetCommit(kc, nil)
+	produceTo(t, kc, "in", &kgo.Record{Partition: 1, Key: []byte("b1"), Value: []byte(`1`)})
+	select {
+	case <-aborted:
+	case <-time.After(waitTimeout):
+		t.Fatal("in/1's round never came")
+	}
+	time.Sleep(500 * time.Millisecond)
+	fault.Remove()
+
+	want := map[string][]string{"k0": {`0`}, "k1": {`1`}, "k2": {`1`}, "k3": {`1`}, "b1": {`1`}}
+	waitFor(t, "every record delivered", func() (bool, string) {
+		got := byKey(kc.ReadAll("out"))
+		for k := range want {
+			if got[k] == nil {
+				return false, fmt.Sprint(got)
+			}
+		}
+		return true, ""
+	})
+	time.Sleep(2 * time.Second) // anything more the replay delivers
+	out := kc.ReadAll("out")
+	got := byKey(out)
+	for k, vs := range want {
+		if len(got[k]) != len(vs) {
+			t.Errorf("%s delivered %d times to read_committed readers, want %d: %s", k, len(got[k]), len(vs), dump(out))
+		}
 	}
 	r.stop()
 }
