@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
@@ -555,4 +556,54 @@ func TestBreakHeldReplayRewoundLosesOwedEntity(t *testing.T) {
 		t.Errorf("entity e: delivered %d times, want v1 and v2 once each", len(e))
 	}
 	r.stop()
+}
+
+// BREAK 7 (duplicate in exactly-once mode, beyond the in-flight bound in
+// at-least-once mode): offsets moved back by hand. docs/delivery.md: "C <
+// P, no log (offsets moved back by hand): continue from P: dam forwards
+// changes only; to re-deliver on purpose, reset the state". But the log is
+// pruned below C only now and then (pruneEvery, 5 s) and not at a clean
+// stop, so right after a stop it still covers the last batches delivered.
+// An operator who moves the group's offset back (kafka-consumer-groups
+// --reset-offsets --shift-by -2) makes recovery take C < P with the log
+// covering [C, P) for a crash, and deliver those batches again, though
+// the store knows they were delivered: progress.delivered, recorded for
+// this very purpose (issue 18 item 8), is at P and is consulted only when
+// Kafka has no committed offset.
+// Code: pipeline/recover.go planPartition (case c < prog.Next: fromLog(c)
+// without max(c, prog.Delivered)).
+func TestBreakOffsetsMovedBackReplaysDelivered(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out")
+			dsn := pgtest.DSN(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			store := openStore(t, dsn)
+			r := start(t, cfg, store)
+			// Two batches within pruneEvery: the log of the second is kept.
+			one(t, kc, "in", rec("a", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+			one(t, kc, "in", rec("b", `1`), rec("c", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 3)
+			r.stop()
+			prog, err := store.ReadProgress(context.Background(), dedup.Partition{Group: cfg.Kafka.Group, Topic: "in", Partition: 0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("after the stop: P=%d, delivered=%d", prog.Next, prog.Delivered)
+			commitByHand(t, kc, cfg.Kafka.Group, "in", 1) // moved back by hand
+			r = start(t, cfg, store)
+			one(t, kc, "in", rec("d", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 4)
+			r.stop()
+			got := byKey(kc.ReadAll("out"))
+			for _, k := range []string{"a", "b", "c", "d"} {
+				if len(got[k]) != 1 {
+					t.Errorf("%s delivered %d times, want once (offsets moved back by hand: continue from P)", k, len(got[k]))
+				}
+			}
+		})
+	}
 }
