@@ -659,3 +659,44 @@ func TestBreakSecondRevocationUnseen(t *testing.T) {
 	c.stop()
 	a.stop()
 }
+
+// BREAK 9 (stall without a clear halt): recovery that fails for good at a
+// partition's first assignment. Issue 18 item 6 made a failed re-recovery
+// (onJoined) register halted workers (holdUnrecovered); the first
+// assignment's path does not. onAssigned returns recovery's permanent
+// error (here: the store refuses the epoch bump, as a revoked grant or a
+// broken schema would) to franz-go's AdjustFetchOffsetsFn, having stopped
+// and unregistered what it started. franz-go ends the group session and
+// rejoins, recovery fails again, and so on: the partition has no worker,
+// nothing is consumed, and /readyz says ready (joined, no partition
+// halted: Ready() iterates the workers, and there are none), dam_halted
+// is 0. A silent stall, and the member keeps rebalancing the whole group.
+// Code: pipeline/pipeline.go onAssigned (fail: no holdUnrecovered),
+// Ready/haltedCounts (only registered workers count).
+func TestBreakFirstRecoveryFailsSilently(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out")
+			dsn := pgtest.DSN(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			store := openStore(t, dsn)
+			// The partition has a progress row already (a restart), and
+			// the store now refuses to bump its epoch.
+			if _, err := store.Acquire(context.Background(), dedup.Partition{Group: cfg.Kafka.Group, Topic: "in", Partition: 0}); err != nil {
+				t.Fatal(err)
+			}
+			failAcquire(t, dsn, cfg.Kafka.Group)
+			r := start(t, cfg, store)
+			one(t, kc, "in", rec("k", `1`))
+			time.Sleep(8 * time.Second)
+			err := r.pl.Ready()
+			halted := r.gauge("dam_halted", "svc")
+			if err == nil || halted == 0 {
+				t.Errorf("in/0 cannot be recovered and consumes nothing, yet Ready() = %v and dam_halted = %v (delivered: %d records)", err, halted, len(kc.ReadAll("out")))
+			}
+			r.stop()
+		})
+	}
+}
