@@ -1,9 +1,15 @@
 package pipeline_test
 
-// Adversarial tests of the fix for issue 18 (branch breaker). Each
-// TestBreak* test states the invariant it breaks, the interleaving, and
-// the code responsible. They are meant to FAIL on the code they were
-// written against.
+// Regression tests from an adversarial review of the fix for issue 18:
+// a reviewer with a fresh context was given the code and one order, break
+// it (lose, duplicate, stall, exhaust). Each TestBreak* test failed on the
+// code it names (the comments say how it broke, BREAK n); each passes
+// since the fix that followed: a refused dead letter bounded and checked
+// again (3, 4), records forwarded undecided decided apart (2), replans
+// ended by a shutdown (1), re-read records dropped and positions put back
+// after franz-go rewinds them (5, 6), the delivered offset consulted when
+// C moved back (7), the transact session ended after every revocation
+// (8), a failed first recovery held halted (9).
 
 import (
 	"context"
