@@ -224,8 +224,7 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 				w.precheck(j)
 				if j.stuck > 0 {
 					s := j.out[j.stuck-1]
-					rp.err = fmt.Errorf("%w: %s/%d offset %d: Kafka refuses the record for good and route %s has no dead_letter topic: %v",
-						ErrHalted, s.src.Topic, s.src.Partition, s.src.Offset, w.rt.service, s.err)
+					rp.err = w.stuckErr(s)
 					break
 				}
 			}
@@ -282,7 +281,10 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 					}
 					mu.Lock()
 					defer mu.Unlock()
-					if refusedForGood(err) {
+					switch {
+					case refusedForGood(err) && o.outcome == outcomeRefused:
+						rp.w.letterRefusedAt[o.src.Offset] = err // its replay halts there
+					case refusedForGood(err):
 						rp.w.refusedAt[o.src.Offset] = err // its replay dead-letters it
 					}
 					if first == nil {
