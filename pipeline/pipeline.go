@@ -56,6 +56,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -113,9 +114,14 @@ type Pipeline struct {
 	stopping bool
 
 	// roundStop ends the retries of the exactly-once round in flight
-	// (onBlocked).
+	// (onBlocked); pollStop ends its idle poll (a revocation came).
 	roundMu   sync.Mutex
 	roundStop context.CancelFunc
+	pollStop  context.CancelFunc
+	// unended: exactly-once: a revocation or a loss reached dam since the
+	// transact session last ended; franz-go passes no other one on to dam
+	// until the session ends again (transact.go, endSession).
+	unended atomic.Bool
 
 	probes probes
 	hook   StepHook
@@ -624,6 +630,7 @@ func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]
 // decided (or stops it hard after the grace period) before another member
 // takes it.
 func (p *Pipeline) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	p.sessionMustEnd()
 	ws := p.lookup(revoked)
 	if len(ws) > 0 {
 		p.log.Info("partitions revoked: finishing them", zap.Any("partitions", revoked))
@@ -636,6 +643,7 @@ func (p *Pipeline) onRevoked(_ context.Context, _ *kgo.Client, revoked map[strin
 // already, so nothing more is produced or committed (its recovery replays
 // the rest).
 func (p *Pipeline) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	p.sessionMustEnd()
 	ws := p.lookup(lost)
 	if len(ws) > 0 {
 		p.log.Warn("partitions lost: stopping them at once", zap.Any("partitions", lost))
