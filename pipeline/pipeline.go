@@ -585,6 +585,16 @@ func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]
 			continue
 		}
 		recovered, err := p.recoverPartitions(ctx, rt, slices.Sorted(maps.Keys(parts)))
+		if err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
+			// Recovery failed for good (the store refuses it): these
+			// partitions stay assigned, halted where it shows (not
+			// ready, dam_halted) and unfetched, until they are assigned
+			// anew; the others go on. Handing the error to franz-go would
+			// make it leave and rejoin the group, over and over,
+			// rebalancing every member, with nothing halted to see.
+			p.holdUnrecovered(map[string]map[int32]kgo.Offset{topic: parts}, err)
+			continue
+		}
 		if err != nil {
 			return fail(err)
 		}
