@@ -10,7 +10,9 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
@@ -32,6 +34,9 @@ const (
 	codeUnavailable  = "unavailable" // the store: retry after Retry-After
 	codeInternal     = "internal"
 )
+
+// unavailableMessage is the message of a check not decided for an outage.
+const unavailableMessage = "store unavailable: no decision was made (or its outcome is unknown); retry"
 
 // retryAfter is the Retry-After of a 503, in seconds.
 const retryAfter = "1"
@@ -72,7 +77,25 @@ type apiError struct {
 func (e *apiError) Error() string { return e.msg }
 
 func badRequest(code, format string, args ...any) *apiError {
-	return &apiError{status: http.StatusBadRequest, code: code, msg: fmt.Sprintf(format, args...)}
+	return &apiError{status: http.StatusBadRequest, code: code, msg: truncate(fmt.Sprintf(format, args...), maxMessage)}
+}
+
+// maxMessage bounds an error message: messages quote what the client sent
+// (a member name, a service), which must not come back at any length.
+const maxMessage = 512
+
+// truncate cuts s to at most n bytes, on a character boundary, marking
+// the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "..."
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 // checkRequest is one check: an identity and a payload. Entity and
@@ -100,20 +123,28 @@ func (s *Server) parse(c *checkRequest, prefix string) (dedup.CheckItem, *apiErr
 	if c.Service == nil || *c.Service == "" {
 		return dedup.CheckItem{}, badRequest(codeMissingField, "missing field %sservice", prefix)
 	}
+	if err := dedup.CheckService(*c.Service); err != nil {
+		return dedup.CheckItem{}, identityError(prefix+"service", err)
+	}
 	var entity []byte
+	field := prefix + "entity"
 	switch {
 	case c.Entity != nil && c.EntityHex != nil:
 		return dedup.CheckItem{}, badRequest(codeBadField, "%sentity and %sentity_hex exclude each other", prefix, prefix)
 	case c.Entity != nil:
 		entity = []byte(*c.Entity)
 	case c.EntityHex != nil:
+		field += "_hex"
 		b, err := hex.DecodeString(*c.EntityHex)
 		if err != nil {
-			return dedup.CheckItem{}, badRequest(codeBadField, "%sentity_hex: not hex: %v", prefix, err)
+			return dedup.CheckItem{}, badRequest(codeBadField, "%s: not hex: %v", field, err)
 		}
 		entity = b
 	default:
 		return dedup.CheckItem{}, badRequest(codeMissingField, "missing field %sentity (or %sentity_hex)", prefix, prefix)
+	}
+	if err := dedup.CheckEntity(entity); err != nil {
+		return dedup.CheckItem{}, identityError(field, err)
 	}
 	var value []byte
 	switch {
@@ -139,6 +170,15 @@ func (s *Server) parse(c *checkRequest, prefix string) (dedup.CheckItem, *apiErr
 		return dedup.CheckItem{}, badRequest(codeBadPayload, "%spayload: %v", prefix, err)
 	}
 	return dedup.CheckItem{Service: *c.Service, Entity: entity, Digest: d}, nil
+}
+
+// identityError answers an identity the store cannot hold (dedup's
+// identity limits, the sidecar's own): 400, naming the field. It is
+// refused here, before the store, so that it never shares a transaction
+// with other clients' checks.
+func identityError(field string, err error) *apiError {
+	reason := strings.TrimPrefix(err.Error(), dedup.ErrIdentity.Error()+": ")
+	return badRequest(codeBadField, "%s: %s", field, reason)
 }
 
 // decode reads r's body as JSON into v, strictly (unknown fields are
@@ -180,7 +220,7 @@ func (s *Server) storeError(w http.ResponseWriter, op string, err error) {
 	s.metrics.storeErrors.Inc()
 	if isUnavailable(err) {
 		s.log.Warn("serve: store unavailable", zap.String("op", op), zap.Error(err))
-		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "store unavailable: no decision was made (or its outcome is unknown); retry")
+		writeError(w, http.StatusServiceUnavailable, codeUnavailable, unavailableMessage)
 		return
 	}
 	s.log.Error("serve: store error", zap.String("op", op), zap.Error(err))
@@ -196,7 +236,7 @@ func unauthorized(w http.ResponseWriter) {
 func authorize(w http.ResponseWriter, t *token, services ...string) bool {
 	for _, svc := range services {
 		if !t.allows(svc) {
-			writeError(w, http.StatusForbidden, codeForbidden, fmt.Sprintf("token not allowed service %q", svc))
+			writeError(w, http.StatusForbidden, codeForbidden, fmt.Sprintf("token not allowed service %q", truncate(svc, dedup.MaxServiceBytes)))
 			return false
 		}
 	}
@@ -306,15 +346,53 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
 	decisions, err := s.store.CheckBatch(ctx, items, nil)
-	if err != nil {
+	switch {
+	case err == nil:
+		for k, d := range decisions {
+			s.metrics.decision(items[k].Service, d)
+			results[index[k]] = batchResult{Decision: d.String(), Digest: items[k].Digest.String()}
+		}
+	case isUnavailable(err) || len(items) == 1:
 		s.storeError(w, "check batch", err)
 		return
-	}
-	for k, d := range decisions {
-		s.metrics.decision(items[k].Service, d)
-		results[index[k]] = batchResult{Decision: d.String(), Digest: items[k].Digest.String()}
+	default:
+		// The store refused the transaction for a reason no retry fixes,
+		// perhaps because of one check: decide the checks one by one, in
+		// order, so that only that check gets an error.
+		s.metrics.storeErrors.Inc()
+		s.log.Warn("serve: the store refused a batch; deciding its checks one by one", zap.Int("checks", len(items)), zap.Error(err))
+		s.checkSeparately(ctx, items, index, results)
 	}
 	writeJSON(w, http.StatusOK, batchResponse{Results: results})
+}
+
+// checkSeparately decides items one by one, each in a transaction of its
+// own, writing each answer or error to results[index[k]]. After an outage
+// the remaining checks are not tried: each says it was not decided.
+func (s *Server) checkSeparately(ctx context.Context, items []dedup.CheckItem, index []int, results []batchResult) {
+	var down error
+	for k, it := range items {
+		r := &results[index[k]]
+		if down != nil {
+			r.Error = &errorBody{Code: codeUnavailable, Message: unavailableMessage}
+			continue
+		}
+		d, err := checkOne(ctx, s.store, it)
+		switch {
+		case err == nil:
+			s.metrics.decision(it.Service, d)
+			*r = batchResult{Decision: d.String(), Digest: it.Digest.String()}
+		case isUnavailable(err):
+			down = err
+			s.metrics.storeErrors.Inc()
+			s.log.Warn("serve: store unavailable", zap.String("op", "check batch"), zap.Error(err))
+			r.Error = &errorBody{Code: codeUnavailable, Message: unavailableMessage}
+		default:
+			s.metrics.storeErrors.Inc()
+			s.log.Error("serve: store error", zap.String("op", "check batch"), zap.Int("check", index[k]), zap.Error(err))
+			r.Error = &errorBody{Code: codeInternal, Message: "store error"}
+		}
+	}
 }
 
 // stateResponse is an identity's stored state.
@@ -358,6 +436,9 @@ func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (string, 
 // with ?encoding=hex.
 func pathIdentity(r *http.Request) (string, []byte, *apiError) {
 	service, entity := r.PathValue("service"), []byte(r.PathValue("entity"))
+	if err := dedup.CheckService(service); err != nil {
+		return "", nil, identityError("service", err)
+	}
 	switch enc := r.URL.Query().Get("encoding"); enc {
 	case "", "text":
 	case "hex":
@@ -367,7 +448,10 @@ func pathIdentity(r *http.Request) (string, []byte, *apiError) {
 		}
 		entity = b
 	default:
-		return "", nil, badRequest(codeBadField, "encoding %q: want text or hex", enc)
+		return "", nil, badRequest(codeBadField, "encoding %q: want text or hex", truncate(enc, 64))
+	}
+	if err := dedup.CheckEntity(entity); err != nil {
+		return "", nil, identityError("entity", err)
 	}
 	return service, entity, nil
 }

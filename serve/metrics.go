@@ -18,6 +18,7 @@ type metrics struct {
 	storeErrors prometheus.Counter
 	inFlight    prometheus.Gauge
 	combined    prometheus.Histogram
+	separated   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -48,6 +49,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name:    "dam_serve_combined_checks",
 			Help:    "Single checks decided together in one transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
+		}),
+		separated: f.NewCounter(prometheus.CounterOpts{
+			Name: "dam_serve_separated_checks_total",
+			Help: "Single checks decided again one by one because the store refused their shared transaction.",
 		}),
 	}
 }

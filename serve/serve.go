@@ -32,9 +32,11 @@
 //	dam_serve_requests_total{endpoint,code}      requests by endpoint and HTTP status
 //	dam_serve_request_seconds{endpoint}          request latency
 //	dam_serve_decisions_total{service,decision}  forward and duplicate answers
-//	dam_serve_store_errors_total                 store errors (answered 503)
+//	dam_serve_store_errors_total                 store errors (answered 503, or 500)
 //	dam_serve_in_flight                          requests being served
 //	dam_serve_combined_checks                    single checks decided per transaction
+//	dam_serve_separated_checks_total             single checks decided again one by one after the
+//	                                             store refused their shared transaction
 package serve
 
 import (
