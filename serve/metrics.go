@@ -19,11 +19,21 @@ type metrics struct {
 	inFlight    prometheus.Gauge
 	combined    prometheus.Histogram
 	separated   prometheus.Counter
+
+	// services are the service label values besides "other": the
+	// configured services (routes, and services named by tokens).
+	services map[string]bool
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// otherService is the service label of every service that is not
+// configured: a "*" token may send any name, and each would otherwise be
+// a series of its own.
+const otherService = "other"
+
+func newMetrics(reg prometheus.Registerer, services map[string]bool) *metrics {
 	f := promauto.With(reg)
 	return &metrics{
+		services: services,
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dam_serve_requests_total",
 			Help: "API requests by endpoint and HTTP status code.",
@@ -58,6 +68,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 func (m *metrics) decision(service string, d dedup.Decision) {
+	if !m.services[service] {
+		service = otherService
+	}
 	m.decisions.WithLabelValues(service, d.String()).Inc()
 }
 

@@ -31,7 +31,9 @@
 //
 //	dam_serve_requests_total{endpoint,code}      requests by endpoint and HTTP status
 //	dam_serve_request_seconds{endpoint}          request latency
-//	dam_serve_decisions_total{service,decision}  forward and duplicate answers
+//	dam_serve_decisions_total{service,decision}  forward and duplicate answers, by configured
+//	                                             service (routes, and tokens' services); "other"
+//	                                             for the rest
 //	dam_serve_store_errors_total                 store errors (answered 503, or 500)
 //	dam_serve_in_flight                          requests being served
 //	dam_serve_combined_checks                    single checks decided per transaction
@@ -112,7 +114,18 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()
 	}
-	s.metrics = newMetrics(s.reg)
+	services := map[string]bool{}
+	for _, r := range cfg.Routes {
+		services[r.Service] = true
+	}
+	for _, t := range cfg.Serve.Tokens {
+		for _, svc := range t.Services {
+			if svc != config.AnyService {
+				services[svc] = true
+			}
+		}
+	}
+	s.metrics = newMetrics(s.reg, services)
 	var err error
 	if s.fallback, err = canon.New(); err != nil {
 		return nil, err
