@@ -86,6 +86,7 @@ type Server struct {
 	fallback *canon.Hasher            // canon's defaults
 	tokens   []token
 	deciders int // combining deciders: postgres.max_conns
+	timeouts timeouts
 
 	draining atomic.Bool // shutting down: not ready
 
@@ -126,6 +127,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 		}
 	}
 	s.metrics = newMetrics(s.reg, services)
+	s.timeouts = newTimeouts(cfg.Serve.RequestTimeout)
 	var err error
 	if s.fallback, err = canon.New(); err != nil {
 		return nil, err
@@ -247,15 +249,43 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte("ready\n"))
 }
 
+// timeouts are the HTTP server's: every phase of a connection is
+// bounded, so that no client (a slow reader of /metrics, an idle
+// keep-alive connection, a trickled header) holds a connection for good.
+type timeouts struct {
+	header time.Duration // the request line and headers
+	read   time.Duration // the whole request
+	write  time.Duration // from the end of the headers to the end of the response
+	idle   time.Duration // a keep-alive connection between requests
+}
+
+// maxHeaderBytes bounds a request's line and headers (a state path holds
+// at most a 1 KiB entity, 2 KiB as hex).
+const maxHeaderBytes = 16 << 10
+
+func newTimeouts(request time.Duration) timeouts {
+	const header = 5 * time.Second
+	return timeouts{
+		header: header,
+		read:   request + header,
+		// A request reads its body and decides within
+		// serve.request_timeout, then writes its answer.
+		write: request + 10*time.Second,
+		idle:  2 * time.Minute,
+	}
+}
+
 // Run serves on ln until ctx is canceled, then stops accepting, reports
 // not-ready and lets the requests in flight finish within
 // serve.shutdown_grace. It returns nil after a clean shutdown.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           s.Handler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       s.cfg.RequestTimeout + 10*time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: s.timeouts.header,
+		ReadTimeout:       s.timeouts.read,
+		WriteTimeout:      s.timeouts.write,
+		IdleTimeout:       s.timeouts.idle,
+		MaxHeaderBytes:    maxHeaderBytes,
 		// Requests outlive ctx's cancellation: shutdown lets them finish.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ErrorLog:    zap.NewStdLog(s.log.Named("http")),

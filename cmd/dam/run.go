@@ -128,7 +128,7 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 			return fmt.Errorf("http.listen: %w", err)
 		}
 		addr = ln.Addr().String()
-		srv = &http.Server{Handler: httpHandler(reg, pl), ReadHeaderTimeout: 5 * time.Second}
+		srv = newHTTPServer(httpHandler(reg, pl), sidecarHTTP, log)
 		g.Go(func() error {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("http: %w", err)
@@ -156,6 +156,32 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 		return usageError{err} // the cluster contradicts the configuration
 	} else {
 		return err
+	}
+}
+
+// httpTimeouts bound every phase of an HTTP connection, so that no client
+// (a slow reader of /metrics, an idle keep-alive connection, a trickled
+// header) holds one for good.
+type httpTimeouts struct {
+	header, read, write, idle time.Duration
+}
+
+// sidecarHTTP are the timeouts of the sidecar's /metrics, /healthz and
+// /readyz (GET requests without a body; /metrics may be large with many
+// partitions). A variable so that a test can shorten them.
+var sidecarHTTP = httpTimeouts{header: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: 2 * time.Minute}
+
+// newHTTPServer returns a server of h with the timeouts t and small
+// request headers (16 KiB).
+func newHTTPServer(h http.Handler, t httpTimeouts, log *zap.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: t.header,
+		ReadTimeout:       t.read,
+		WriteTimeout:      t.write,
+		IdleTimeout:       t.idle,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          zap.NewStdLog(log.Named("http")),
 	}
 }
 
