@@ -29,6 +29,17 @@ type Serve struct {
 	// MaxBodyBytes bounds a request body; a larger one gets 413. Default
 	// 4194304 (4 MiB).
 	MaxBodyBytes int `koanf:"max_body_bytes"`
+	// MaxInFlightBytes bounds the request bodies being read or held at
+	// once: a request takes room for its body (its Content-Length, or
+	// MaxBodyBytes when it announces none) before reading it, and waits
+	// for room up to RequestTimeout, then gets 503 with Retry-After. At
+	// least MaxBodyBytes. Default 33554432 (32 MiB).
+	MaxInFlightBytes int `koanf:"max_in_flight_bytes"`
+	// MaxConnections bounds the connections served at once (each is one
+	// request at a time: HTTP/1.1). A connection beyond it waits up to
+	// RequestTimeout for one to close (an idle keep-alive connection is
+	// closed to make room), then gets 503 with Retry-After. Default 1024.
+	MaxConnections int `koanf:"max_connections"`
 	// MaxBatch bounds the checks of one /v1/check:batch request. Default
 	// 500.
 	MaxBatch int `koanf:"max_batch"`
@@ -65,11 +76,13 @@ const AnyService = "*"
 // DefaultServe returns the serve defaults.
 func DefaultServe() Serve {
 	return Serve{
-		Listen:         ":8080",
-		MaxBodyBytes:   4 << 20,
-		MaxBatch:       500,
-		RequestTimeout: 5 * time.Second,
-		ShutdownGrace:  10 * time.Second,
+		Listen:           ":8080",
+		MaxBodyBytes:     4 << 20,
+		MaxInFlightBytes: 32 << 20,
+		MaxConnections:   1024,
+		MaxBatch:         500,
+		RequestTimeout:   5 * time.Second,
+		ShutdownGrace:    10 * time.Second,
 	}
 }
 
@@ -105,6 +118,13 @@ func (c *Config) validateServe(v *validator) {
 	if s.MaxBodyBytes <= 0 {
 		v.addf("serve.max_body_bytes", "must be positive, got %d", s.MaxBodyBytes)
 	}
+	if s.MaxInFlightBytes < s.MaxBodyBytes {
+		v.addf("serve.max_in_flight_bytes", "must be at least serve.max_body_bytes (%d), got %d: a body of the largest size must fit", s.MaxBodyBytes, s.MaxInFlightBytes)
+	}
+	if s.MaxConnections <= 0 {
+		v.addf("serve.max_connections", "must be positive, got %d", s.MaxConnections)
+	}
+
 	if s.MaxBatch <= 0 {
 		v.addf("serve.max_batch", "must be positive, got %d", s.MaxBatch)
 	}

@@ -14,7 +14,8 @@ func TestServeDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Serve{Listen: ":8080", MaxBodyBytes: 4 << 20, MaxBatch: 500, RequestTimeout: 5 * time.Second, ShutdownGrace: 10 * time.Second}
+	want := Serve{Listen: ":8080", MaxBodyBytes: 4 << 20, MaxInFlightBytes: 32 << 20, MaxConnections: 1024,
+		MaxBatch: 500, RequestTimeout: 5 * time.Second, ShutdownGrace: 10 * time.Second}
 	if !reflect.DeepEqual(c.Serve, want) {
 		t.Fatalf("serve defaults %+v, want %+v", c.Serve, want)
 	}
@@ -51,6 +52,8 @@ func TestServeValidateErrors(t *testing.T) {
 		{"empty service", func(s *Serve) { s.Tokens = []ServeToken{{Token: longToken, Services: []string{"a", ""}}} }, "serve.tokens[0].services[1]", "empty"},
 		{"body", func(s *Serve) { s.MaxBodyBytes = 0 }, "serve.max_body_bytes", "positive"},
 		{"batch", func(s *Serve) { s.MaxBatch = -1 }, "serve.max_batch", "positive"},
+		{"in flight below a body", func(s *Serve) { s.MaxInFlightBytes = s.MaxBodyBytes - 1 }, "serve.max_in_flight_bytes", "at least serve.max_body_bytes"},
+		{"connections", func(s *Serve) { s.MaxConnections = 0 }, "serve.max_connections", "positive"},
 		{"timeout", func(s *Serve) { s.RequestTimeout = 0 }, "serve.request_timeout", "positive"},
 		{"grace", func(s *Serve) { s.ShutdownGrace = 0 }, "serve.shutdown_grace", "positive"},
 	} {

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -27,6 +29,8 @@ const (
 	codeBadField     = "bad_field"      // a field has an invalid value (bad hex, two exclusive fields)
 	codeBadPayload   = "bad_payload"    // the payload does not hash: invalid JSON, too deep, too large
 	codeTooLarge     = "body_too_large" // the body exceeds serve.max_body_bytes
+	codeBodyTimeout  = "body_timeout"   // the body did not arrive within serve.request_timeout
+	codeOverloaded   = "overloaded"     // no room for the body (or the connection) in time: retry after Retry-After
 	codeBatchTooLong = "batch_too_large"
 	codeUnauthorized = "unauthorized"
 	codeForbidden    = "forbidden"
@@ -197,10 +201,13 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError
 	if err == nil {
 		return nil
 	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return &apiError{status: http.StatusRequestTimeout, code: codeBodyTimeout,
+			msg: fmt.Sprintf("the request body did not arrive within %s (serve.request_timeout)", s.cfg.RequestTimeout)}
+	}
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
-		return &apiError{status: http.StatusRequestEntityTooLarge, code: codeTooLarge,
-			msg: fmt.Sprintf("request body larger than %d bytes (serve.max_body_bytes)", s.cfg.MaxBodyBytes)}
+		return s.tooLarge()
 	}
 	if errors.Is(err, io.EOF) {
 		return badRequest(codeBadJSON, "empty body: want a JSON object")
@@ -208,9 +215,42 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError
 	return badRequest(codeBadJSON, "invalid request body: %v", err)
 }
 
-// requestContext bounds a request's store work by serve.request_timeout.
+// requestContext bounds a request by serve.request_timeout from now:
+// everything it waits for (room for its body, the body, the store).
 func (s *Server) requestContext(r *http.Request) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+}
+
+// tooLarge answers a body past serve.max_body_bytes.
+func (s *Server) tooLarge() *apiError {
+	return &apiError{status: http.StatusRequestEntityTooLarge, code: codeTooLarge,
+		msg: fmt.Sprintf("request body larger than %d bytes (serve.max_body_bytes)", s.cfg.MaxBodyBytes)}
+}
+
+// readBody takes room for r's body (see room), waiting for it until ctx's
+// deadline, then reads the body as JSON into v by that same deadline. It
+// returns the function that gives the room back: call it once the body
+// and what was decoded from it are no longer needed (once the payloads
+// are hashed), whatever the error.
+func (s *Server) readBody(ctx context.Context, w http.ResponseWriter, r *http.Request, v any) (release func(), e *apiError) {
+	n := r.ContentLength
+	if n > int64(s.cfg.MaxBodyBytes) {
+		return func() {}, s.tooLarge() // refused unread
+	}
+	if n < 0 { // not announced (chunked): as large as it may be
+		n = int64(s.cfg.MaxBodyBytes)
+	}
+	if err := s.room.take(ctx, n); err != nil {
+		s.metrics.overloaded.Inc()
+		return func() {}, &apiError{status: http.StatusServiceUnavailable, code: codeOverloaded,
+			msg: fmt.Sprintf("too many request bodies in flight (serve.max_in_flight_bytes): no room within %s (serve.request_timeout); retry", s.cfg.RequestTimeout)}
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { s.room.give(n) }) }
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = http.NewResponseController(w).SetReadDeadline(deadline)
+	}
+	return release, s.decode(w, r, v)
 }
 
 // storeError answers a failed store call: 503 with Retry-After when the
@@ -250,8 +290,12 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		unauthorized(w)
 		return
 	}
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
 	var req checkRequest
-	if e := s.decode(w, r, &req); e != nil {
+	release, e := s.readBody(ctx, w, r, &req)
+	defer release()
+	if e != nil {
 		writeError(w, e.status, e.code, e.msg)
 		return
 	}
@@ -259,12 +303,11 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, e := s.parse(&req, "")
+	release() // the body is hashed: its room is free for another
 	if e != nil {
 		writeError(w, e.status, e.code, e.msg)
 		return
 	}
-	ctx, cancel := s.requestContext(r)
-	defer cancel()
 	var d dedup.Decision
 	var err error
 	if cb := s.combiner.Load(); cb != nil {
@@ -308,8 +351,12 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		unauthorized(w)
 		return
 	}
+	ctx, cancel := s.requestContext(r)
+	defer cancel()
 	var req batchRequest
-	if e := s.decode(w, r, &req); e != nil {
+	release, e := s.readBody(ctx, w, r, &req)
+	defer release()
+	if e != nil {
 		writeError(w, e.status, e.code, e.msg)
 		return
 	}
@@ -343,8 +390,8 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		items = append(items, c)
 		index = append(index, i)
 	}
-	ctx, cancel := s.requestContext(r)
-	defer cancel()
+	req.Checks = nil
+	release() // the payloads are hashed: their room is free for another
 	decisions, err := s.store.CheckBatch(ctx, items, nil)
 	switch {
 	case err == nil:

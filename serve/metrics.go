@@ -12,13 +12,17 @@ import (
 )
 
 type metrics struct {
-	requests    *prometheus.CounterVec
-	seconds     *prometheus.HistogramVec
-	decisions   *prometheus.CounterVec
-	storeErrors prometheus.Counter
-	inFlight    prometheus.Gauge
-	combined    prometheus.Histogram
-	separated   prometheus.Counter
+	requests     *prometheus.CounterVec
+	seconds      *prometheus.HistogramVec
+	decisions    *prometheus.CounterVec
+	storeErrors  prometheus.Counter
+	inFlight     prometheus.Gauge
+	combined     prometheus.Histogram
+	separated    prometheus.Counter
+	bodyBytes    prometheus.Gauge
+	overloaded   prometheus.Counter
+	conns        prometheus.Gauge
+	connsRefused prometheus.Counter
 
 	// services are the service label values besides "other": the
 	// configured services (routes, and services named by tokens).
@@ -60,6 +64,22 @@ func newMetrics(reg prometheus.Registerer, services map[string]bool) *metrics {
 			Help:    "Single checks decided together in one transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
 		}),
+		bodyBytes: f.NewGauge(prometheus.GaugeOpts{
+			Name: "dam_serve_body_bytes_in_flight",
+			Help: "Room taken by the request bodies being read or decoded (serve.max_in_flight_bytes).",
+		}),
+		overloaded: f.NewCounter(prometheus.CounterOpts{
+			Name: "dam_serve_overloaded_total",
+			Help: "Requests answered 503 because their body found no room within serve.request_timeout.",
+		}),
+		conns: f.NewGauge(prometheus.GaugeOpts{
+			Name: "dam_serve_connections",
+			Help: "Connections being served (serve.max_connections).",
+		}),
+		connsRefused: f.NewCounter(prometheus.CounterOpts{
+			Name: "dam_serve_connections_refused_total",
+			Help: "Connections answered 503 (or closed) because none of serve.max_connections freed up in time.",
+		}),
 		separated: f.NewCounter(prometheus.CounterOpts{
 			Name: "dam_serve_separated_checks_total",
 			Help: "Single checks decided again one by one because the store refused their shared transaction.",
@@ -86,6 +106,10 @@ func (w *statusWriter) WriteHeader(code int) {
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets http.ResponseController reach the connection (the body's
+// read deadline).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {

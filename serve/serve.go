@@ -27,6 +27,15 @@
 // valid token, 403 for a token not allowed the service); tokens are
 // compared in constant time and never logged.
 //
+// Everything a client controls is bounded: identities by dedup's limits
+// (400, before the store), bodies by serve.max_body_bytes (413), the
+// bodies being read or decoded at once by serve.max_in_flight_bytes and
+// the connections by serve.max_connections (beyond either, a request waits
+// up to serve.request_timeout, then gets 503 overloaded with Retry-After),
+// every phase of a connection by a timeout (a body that does not arrive
+// within serve.request_timeout: 408), the service label values by the
+// configuration.
+//
 // Metrics (all on the registry given to New):
 //
 //	dam_serve_requests_total{endpoint,code}      requests by endpoint and HTTP status
@@ -36,6 +45,10 @@
 //	                                             for the rest
 //	dam_serve_store_errors_total                 store errors (answered 503, or 500)
 //	dam_serve_in_flight                          requests being served
+//	dam_serve_body_bytes_in_flight               room taken by the bodies being read or decoded
+//	dam_serve_overloaded_total                   requests answered 503: no room for the body in time
+//	dam_serve_connections                        connections being served
+//	dam_serve_connections_refused_total          connections answered 503 (or closed): none freed in time
 //	dam_serve_combined_checks                    single checks decided per transaction
 //	dam_serve_separated_checks_total             single checks decided again one by one after the
 //	                                             store refused their shared transaction
@@ -86,6 +99,7 @@ type Server struct {
 	fallback *canon.Hasher            // canon's defaults
 	tokens   []token
 	deciders int // combining deciders: postgres.max_conns
+	room     *room
 	timeouts timeouts
 
 	draining atomic.Bool // shutting down: not ready
@@ -127,6 +141,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 		}
 	}
 	s.metrics = newMetrics(s.reg, services)
+	s.room = newRoom(int64(cfg.Serve.MaxInFlightBytes), s.metrics.bodyBytes.Set)
 	s.timeouts = newTimeouts(cfg.Serve.RequestTimeout)
 	var err error
 	if s.fallback, err = canon.New(); err != nil {
@@ -254,7 +269,7 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 // keep-alive connection, a trickled header) holds a connection for good.
 type timeouts struct {
 	header time.Duration // the request line and headers
-	read   time.Duration // the whole request
+	read   time.Duration // the whole request; a body is bounded by the request's own deadline
 	write  time.Duration // from the end of the headers to the end of the response
 	idle   time.Duration // a keep-alive connection between requests
 }
@@ -268,7 +283,7 @@ func newTimeouts(request time.Duration) timeouts {
 	return timeouts{
 		header: header,
 		read:   request + header,
-		// A request reads its body and decides within
+		// A request waits for room, reads its body and decides within
 		// serve.request_timeout, then writes its answer.
 		write: request + 10*time.Second,
 		idle:  2 * time.Minute,
@@ -278,7 +293,16 @@ func newTimeouts(request time.Duration) timeouts {
 // Run serves on ln until ctx is canceled, then stops accepting, reports
 // not-ready and lets the requests in flight finish within
 // serve.shutdown_grace. It returns nil after a clean shutdown.
+//
+// It serves at most serve.max_connections connections at once (see
+// connLimit) and speaks HTTP/1.1 only: one
+// request per connection at a time, so that the connection bound is also
+// the bound of the requests in flight.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	limit := newConnLimit(ln, s.cfg.MaxConnections, s.cfg.RequestTimeout, nil, s.metrics)
+	var served net.Listener = limit
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
 	srv := &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: s.timeouts.header,
@@ -286,6 +310,8 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		WriteTimeout:      s.timeouts.write,
 		IdleTimeout:       s.timeouts.idle,
 		MaxHeaderBytes:    maxHeaderBytes,
+		Protocols:         &protocols,
+		ConnState:         limit.connState,
 		// Requests outlive ctx's cancellation: shutdown lets them finish.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ErrorLog:    zap.NewStdLog(s.log.Named("http")),
@@ -293,11 +319,11 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	s.Start(ctx)
 	defer s.Close() // after the shutdown: no request is left to answer
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	s.log.Info("serve: listening", zap.String("addr", ln.Addr().String()), zap.Int("tokens", len(s.tokens)),
-		zap.Int("routes", len(s.hashers)))
+	go func() { errc <- srv.Serve(served) }()
+	s.log.Info("serve: listening", zap.String("addr", ln.Addr().String()), zap.Int("tokens", len(s.tokens)), zap.Int("routes", len(s.hashers)))
 	select {
 	case err := <-errc:
+		_ = limit.Close()
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
@@ -306,6 +332,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 	err := srv.Shutdown(sctx)
 	<-errc // Serve returned ErrServerClosed
+	_ = limit.Close()
 	if err != nil {
 		return fmt.Errorf("serve: shutdown: %w", err)
 	}
