@@ -26,6 +26,9 @@ type Serve struct {
 	// settable from the environment. Default none. `dam serve` needs at
 	// least one token here or in Token.
 	Tokens []ServeToken `koanf:"tokens"`
+	// TLS serves the API over HTTPS when set. Default off: plain HTTP,
+	// for a mesh or a load balancer that terminates TLS.
+	TLS ServeTLS `koanf:"tls"`
 	// MaxBodyBytes bounds a request body; a larger one gets 413. Default
 	// 4194304 (4 MiB).
 	MaxBodyBytes int `koanf:"max_body_bytes"`
@@ -50,6 +53,19 @@ type Serve struct {
 	// SIGTERM. Default 10s.
 	ShutdownGrace time.Duration `koanf:"shutdown_grace"`
 }
+
+// ServeTLS is the certificate `dam serve` presents. Both files are read at
+// start and read again whenever either changes (cert-manager rotates them
+// in place), without a restart.
+type ServeTLS struct {
+	// CertFile is the PEM certificate chain. Default "" (no TLS).
+	CertFile string `koanf:"cert_file"`
+	// KeyFile is the PEM private key of CertFile. Default "".
+	KeyFile string `koanf:"key_file"`
+}
+
+// Enabled reports whether TLS is configured.
+func (t ServeTLS) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" }
 
 // ServeToken is one bearer token of `dam serve` and the services it may
 // check, read and reset. Exactly one of Token and TokenFile is set.
@@ -124,7 +140,12 @@ func (c *Config) validateServe(v *validator) {
 	if s.MaxConnections <= 0 {
 		v.addf("serve.max_connections", "must be positive, got %d", s.MaxConnections)
 	}
-
+	switch {
+	case s.TLS.CertFile != "" && s.TLS.KeyFile == "":
+		v.addf("serve.tls.key_file", "required with serve.tls.cert_file")
+	case s.TLS.KeyFile != "" && s.TLS.CertFile == "":
+		v.addf("serve.tls.cert_file", "required with serve.tls.key_file")
+	}
 	if s.MaxBatch <= 0 {
 		v.addf("serve.max_batch", "must be positive, got %d", s.MaxBatch)
 	}

@@ -58,6 +58,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -100,6 +101,7 @@ type Server struct {
 	tokens   []token
 	deciders int // combining deciders: postgres.max_conns
 	room     *room
+	certs    *certReloader // nil without serve.tls
 	timeouts timeouts
 
 	draining atomic.Bool // shutting down: not ready
@@ -118,8 +120,8 @@ type token struct {
 }
 
 // New builds the service from the configuration's serve section and
-// routes. It reads token files (an error names the key) and does not
-// connect to the store.
+// routes. It reads token files and the TLS certificate (an error names
+// the key) and does not connect to the store.
 func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error) {
 	s := &Server{cfg: cfg.Serve, store: store, log: zap.NewNop(), hashers: map[string]*canon.Hasher{},
 		deciders: max(1, int(cfg.Postgres.MaxConns))}
@@ -144,6 +146,11 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 	s.room = newRoom(int64(cfg.Serve.MaxInFlightBytes), s.metrics.bodyBytes.Set)
 	s.timeouts = newTimeouts(cfg.Serve.RequestTimeout)
 	var err error
+	if t := cfg.Serve.TLS; t.Enabled() {
+		if s.certs, err = newCertReloader(t.CertFile, t.KeyFile, s.log); err != nil {
+			return nil, err
+		}
+	}
 	if s.fallback, err = canon.New(); err != nil {
 		return nil, err
 	}
@@ -295,12 +302,19 @@ func newTimeouts(request time.Duration) timeouts {
 // serve.shutdown_grace. It returns nil after a clean shutdown.
 //
 // It serves at most serve.max_connections connections at once (see
-// connLimit) and speaks HTTP/1.1 only: one
+// connLimit), over TLS with serve.tls, and speaks HTTP/1.1 only: one
 // request per connection at a time, so that the connection bound is also
 // the bound of the requests in flight.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
-	limit := newConnLimit(ln, s.cfg.MaxConnections, s.cfg.RequestTimeout, nil, s.metrics)
+	var tlsConfig *tls.Config
+	if s.certs != nil {
+		tlsConfig = s.certs.tlsConfig()
+	}
+	limit := newConnLimit(ln, s.cfg.MaxConnections, s.cfg.RequestTimeout, tlsConfig, s.metrics)
 	var served net.Listener = limit
+	if tlsConfig != nil {
+		served = tls.NewListener(limit, tlsConfig)
+	}
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	srv := &http.Server{
@@ -320,7 +334,8 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	defer s.Close() // after the shutdown: no request is left to answer
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(served) }()
-	s.log.Info("serve: listening", zap.String("addr", ln.Addr().String()), zap.Int("tokens", len(s.tokens)), zap.Int("routes", len(s.hashers)))
+	s.log.Info("serve: listening", zap.String("addr", ln.Addr().String()), zap.Bool("tls", tlsConfig != nil),
+		zap.Int("tokens", len(s.tokens)), zap.Int("routes", len(s.hashers)))
 	select {
 	case err := <-errc:
 		_ = limit.Close()
