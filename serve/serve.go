@@ -102,6 +102,7 @@ type Server struct {
 	deciders int // combining deciders: postgres.max_conns
 	room     *room
 	certs    *certReloader // nil without serve.tls
+	ready    readiness
 	timeouts timeouts
 
 	draining atomic.Bool // shutting down: not ready
@@ -143,6 +144,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 		}
 	}
 	s.metrics = newMetrics(s.reg, services)
+	s.ready = readiness{store: store, log: s.log}
 	s.room = newRoom(int64(cfg.Serve.MaxInFlightBytes), s.metrics.bodyBytes.Set)
 	s.timeouts = newTimeouts(cfg.Serve.RequestTimeout)
 	var err error
@@ -252,23 +254,6 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	return mux
-}
-
-// readyTimeout bounds the store ping of /readyz.
-const readyTimeout = 2 * time.Second
-
-func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
-	if s.draining.Load() {
-		http.Error(w, "shutting down", http.StatusServiceUnavailable)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
-	defer cancel()
-	if err := s.store.Ping(ctx); err != nil {
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
-		return
-	}
-	_, _ = w.Write([]byte("ready\n"))
 }
 
 // timeouts are the HTTP server's: every phase of a connection is
