@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -212,7 +213,67 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError
 	if errors.Is(err, io.EOF) {
 		return badRequest(codeBadJSON, "empty body: want a JSON object")
 	}
-	return badRequest(codeBadJSON, "invalid request body: %v", err)
+	return badRequest(codeBadJSON, "invalid request body: %s", jsonProblem(err))
+}
+
+// jsonProblem says what is wrong with a request body in the API's words:
+// encoding/json's errors name dam's Go types ("Go struct field
+// checkRequest.service of type string").
+func jsonProblem(err error) string {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syntax):
+		return fmt.Sprintf("invalid JSON at byte %d: %s", syntax.Offset, syntax.Error())
+	case errors.As(err, &typ):
+		want := fmt.Sprintf("want %s, got %s (byte %d)", jsonKind(typ.Type), article(typ.Value), typ.Offset)
+		if typ.Field == "" {
+			return want
+		}
+		return typ.Field + ": " + want
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "the body ends inside the JSON value"
+	}
+	// "json: unknown field \"x\"", and the decoder's other plain words.
+	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// jsonKind names the JSON value that decodes into t.
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct:
+		if t == reflect.TypeOf(checkRequest{}) || t == reflect.TypeOf(batchRequest{}) {
+			return "a JSON object"
+		}
+		return "an object"
+	case reflect.Map:
+		return "an object"
+	case reflect.Bool:
+		return "a boolean"
+	}
+	return "a number"
+}
+
+// article puts "a" or "an" before the name of a JSON value's kind
+// (encoding/json's UnmarshalTypeError.Value: "number", "object", "array",
+// "string", "bool", ...).
+func article(value string) string {
+	switch {
+	case value == "bool":
+		return "a boolean"
+	case strings.HasPrefix(value, "number"):
+		return "a number"
+	case value != "" && strings.ContainsRune("aeiou", rune(value[0])):
+		return "an " + value
+	}
+	return "a " + value
 }
 
 // requestContext bounds a request by serve.request_timeout from now:
