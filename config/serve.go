@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -86,6 +87,45 @@ type ServeToken struct {
 // guessable.
 const MinTokenLength = 16
 
+// MinTokenBits is the least entropy a serve token must show, estimated as
+// its length times the Shannon entropy of its characters' frequencies: a
+// long token of few distinct characters ("aaaaaaaaaaaaaaaa",
+// "abababab...") is as guessable as a short one. 24 random bytes in
+// base64 show about 130 bits, 16 in hex about 110, a UUID about 120.
+const MinTokenBits = 80
+
+// MakeToken is how to make a good token, for error messages.
+const MakeToken = "make one with `head -c 32 /dev/urandom | base64`"
+
+// checkToken returns why tok is not a usable token, or nil. The token is
+// never quoted.
+func checkToken(tok string) error {
+	if len(tok) < MinTokenLength {
+		return fmt.Errorf("too short: at least %d characters; %s", MinTokenLength, MakeToken)
+	}
+	if tokenBits(tok) < MinTokenBits {
+		return fmt.Errorf("too easy to guess: too few distinct characters for its length; %s", MakeToken)
+	}
+	return nil
+}
+
+// tokenBits estimates the entropy of tok in bits: its length times the
+// Shannon entropy of its characters' frequencies.
+func tokenBits(tok string) float64 {
+	counts := map[rune]int{}
+	n := 0
+	for _, r := range tok {
+		counts[r]++
+		n++
+	}
+	bits := 0.0
+	for _, c := range counts {
+		p := float64(c) / float64(n)
+		bits -= p * math.Log2(p)
+	}
+	return bits * float64(n)
+}
+
 // AnyService in ServeToken.Services allows every service.
 const AnyService = "*"
 
@@ -111,8 +151,10 @@ func (c *Config) validateServe(v *validator) {
 			v.addf("serve.listen", "invalid address %q: want host:port or :port", s.Listen)
 		}
 	}
-	if s.Token != "" && len(s.Token) < MinTokenLength {
-		v.addf("serve.token", "too short: at least %d characters", MinTokenLength)
+	if s.Token != "" {
+		if err := checkToken(s.Token); err != nil {
+			v.addf("serve.token", "%v", err)
+		}
 	}
 	for i, t := range s.Tokens {
 		key := func(name string) string { return fmt.Sprintf("serve.tokens[%d].%s", i, name) }
@@ -121,8 +163,10 @@ func (c *Config) validateServe(v *validator) {
 			v.addf(fmt.Sprintf("serve.tokens[%d]", i), "set token or token_file")
 		case t.Token != "" && t.TokenFile != "":
 			v.addf(key("token_file"), "set with token: give one of them")
-		case t.Token != "" && len(t.Token) < MinTokenLength:
-			v.addf(key("token"), "too short: at least %d characters", MinTokenLength)
+		case t.Token != "":
+			if err := checkToken(t.Token); err != nil {
+				v.addf(key("token"), "%v", err)
+			}
 		}
 		v.required(key("services"), len(t.Services) == 0)
 		for j, svc := range t.Services {
@@ -206,8 +250,8 @@ func (s Serve) ResolveTokens() ([]ResolvedToken, error) {
 			}
 			b = bytes.TrimSuffix(b, []byte("\n"))
 			b = bytes.TrimSuffix(b, []byte("\r"))
-			if len(b) < MinTokenLength {
-				return nil, &Error{Key: key, Err: fmt.Errorf("%s: token too short: at least %d characters", t.TokenFile, MinTokenLength)}
+			if err := checkToken(string(b)); err != nil {
+				return nil, &Error{Key: key, Err: fmt.Errorf("%s: token %w", t.TokenFile, err)}
 			}
 			tok = string(b)
 		} else {
