@@ -255,9 +255,10 @@ func readEntities(cmd *cobra.Command, name string) ([][]byte, error) {
 func newStatePruneCmd() *cobra.Command {
 	var olderThan time.Duration
 	var service string
+	var yes bool
 	var batch, windowBatch int
 	cmd := &cobra.Command{
-		Use:   "prune [--older-than DURATION] [--service S]",
+		Use:   "prune [--older-than DURATION (--service S | --yes)]",
 		Short: "Delete expired window ids, and state not forwarded for a while",
 		Long: `Delete the expired ids of window-mode services (of one service, or of
 all), in statements of --window-batch rows, each its own short transaction:
@@ -265,7 +266,8 @@ what the background cleanup of 'dam run' does, on demand. Expired ids
 already read as absent, so this changes no decision.
 
 With --older-than, also delete the last-seen and version state of
-identities not forwarded for that long. A pruned identity's next record is
+identities not forwarded for that long; of every service unless --service
+is given, which requires --yes, as reset --all does. A pruned identity's next record is
 forwarded (in version mode, even an older version): prune only beyond the
 age at which a repeat no longer matters. It walks the state in batches of
 --batch rows, each a short statement of its own (rows being decided are
@@ -281,6 +283,9 @@ otherwise).`,
 			}
 			if windowBatch <= 0 {
 				return usagef("prune: --window-batch must be positive")
+			}
+			if olderThan > 0 && service == "" && !yes {
+				return usagef("prune: --older-than %s without --service forgets the state of every service not forwarded for that long: add --yes to confirm, or name one with --service", olderThan)
 			}
 			s, err := openStore(cmd)
 			if err != nil {
@@ -309,7 +314,8 @@ otherwise).`,
 		},
 	}
 	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "also prune last-seen and version state not forwarded for this long (e.g. 720h)")
-	cmd.Flags().StringVar(&service, "service", "", "only this service (default: all)")
+	cmd.Flags().StringVar(&service, "service", "", "only this service (default: all; with --older-than, all requires --yes)")
+	cmd.Flags().BoolVar(&yes, "yes", false, "confirm --older-than for every service")
 	cmd.Flags().IntVar(&batch, "batch", 10000, "state rows walked per statement (with --older-than)")
 	cmd.Flags().IntVar(&windowBatch, "window-batch", dedup.DefaultCleanupBatch, "expired window ids deleted per statement")
 	addProgressFlag(cmd)
