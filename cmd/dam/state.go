@@ -70,6 +70,22 @@ func showEntity(e []byte) string {
 	return "hex:" + hex.EncodeToString(e)
 }
 
+// showService prints a service name as it is when it is printable text,
+// else Go-quoted with its escapes spelled out ("evil\x1b]0;..."): a name
+// stored by an older dam may hold terminal escapes (or bidirectional
+// overrides, tabs), which must not reach the operator's terminal as such.
+func showService(s string) string {
+	if !utf8.ValidString(s) || strings.HasPrefix(s, `"`) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
 func newStateGetCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get SERVICE ENTITY",
@@ -100,7 +116,7 @@ func newStateGetCmd() *cobra.Command {
 				})
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "service\t%s\n", st.Service)
+			fmt.Fprintf(w, "service\t%s\n", showService(st.Service))
 			fmt.Fprintf(w, "mode\t%s\n", st.Mode)
 			if st.Mode == dedup.Window {
 				fmt.Fprintf(w, "id\t%s\n", showEntity(st.Entity))
@@ -201,9 +217,9 @@ stderr (a bar on a terminal, plain lines otherwise).`,
 			}
 			pr.done()
 			if err != nil {
-				return fmt.Errorf("reset of service %s stopped after %d identities: %w", service, n, err)
+				return fmt.Errorf("reset of service %s stopped after %d identities: %w", showService(service), n, err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "reset %d identities of service %s\n", n, service)
+			fmt.Fprintf(cmd.OutOrStdout(), "reset %d identities of service %s\n", n, showService(service))
 			return nil
 		},
 	}
@@ -357,7 +373,7 @@ func newStateStatsCmd() *cobra.Command {
 				if st.Mode == dedup.Window {
 					expired = strconv.FormatInt(st.Expired, 10)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", st.Service, st.Mode, st.Rows, expired,
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", showService(st.Service), st.Mode, st.Rows, expired,
 					st.Oldest.UTC().Format(time.RFC3339), st.Newest.UTC().Format(time.RFC3339))
 			}
 			return w.Flush()

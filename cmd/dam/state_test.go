@@ -387,3 +387,32 @@ func TestPruneEveryServiceNeedsYes(t *testing.T) {
 		t.Fatalf("prune --yes: exit %d, %q %q", code, out, errOut)
 	}
 }
+
+// Service names are printed quoted when they are not plain text, as
+// entities are (issue 19, item 11: a service named with terminal escapes,
+// created through a "*" token before names were checked, was printed raw
+// by state stats and state get).
+func TestStateQuotesServices(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	s, err := dedup.Open(context.Background(), dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const evil = "evil\x1b]0;pwned\a\x1b[2J"
+	// Written past dedup's checks, as an older dam let it be.
+	if _, err := s.Pool().Exec(context.Background(), `INSERT INTO state (service, entity, digest) VALUES ($1, 'e', '\x01'::bytea || decode(repeat('ab', 32), 'hex'))`, evil); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"state", "stats", "--dsn", dsn},
+		{"state", "get", "--dsn", dsn, evil, "e"},
+		{"state", "reset", "--dsn", dsn, evil, "e"},
+	} {
+		code, out, errOut := runDam(t, args...)
+		if code != 0 || strings.ContainsAny(out+errOut, "\x1b\a") || !strings.Contains(out, `"evil\x1b]0;pwned\a\x1b[2J"`) {
+			t.Errorf("dam %s: exit %d, %q %q; want the service quoted", strings.Join(args[:2], " "), code, out, errOut)
+		}
+	}
+}
