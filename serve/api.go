@@ -276,8 +276,8 @@ func article(value string) string {
 	return "a " + value
 }
 
-// requestContext bounds a request by serve.request_timeout from now:
-// everything it waits for (room for its body, the body, the store).
+// requestContext bounds a request's work by serve.request_timeout from
+// now: the store's, and for a request with a body, reading it.
 func (s *Server) requestContext(r *http.Request) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 }
@@ -288,30 +288,37 @@ func (s *Server) tooLarge() *apiError {
 		msg: fmt.Sprintf("request body larger than %d bytes (serve.max_body_bytes)", s.cfg.MaxBodyBytes)}
 }
 
-// readBody takes room for r's body (see room), waiting for it until ctx's
-// deadline, then reads the body as JSON into v by that same deadline. It
-// returns the function that gives the room back: call it once the body
-// and what was decoded from it are no longer needed (once the payloads
-// are hashed), whatever the error.
-func (s *Server) readBody(ctx context.Context, w http.ResponseWriter, r *http.Request, v any) (release func(), e *apiError) {
+// readBody takes room for r's body (see room), waiting for it up to
+// serve.request_timeout, then reads the body as JSON into v within
+// serve.request_timeout from then. It returns the context that bounds the
+// rest of the request (the body and the store: serve.request_timeout from
+// when room was found), and the function that gives the room back: call
+// it once the body and what was decoded from it are no longer needed
+// (once the payloads are hashed), whatever the error, then cancel.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, v any) (ctx context.Context, cancel context.CancelFunc, release func(), e *apiError) {
+	none := func() {}
 	n := r.ContentLength
 	if n > int64(s.cfg.MaxBodyBytes) {
-		return func() {}, s.tooLarge() // refused unread
+		return r.Context(), none, none, s.tooLarge() // refused unread
 	}
 	if n < 0 { // not announced (chunked): as large as it may be
 		n = int64(s.cfg.MaxBodyBytes)
 	}
-	if err := s.room.take(ctx, n); err != nil {
+	wait, stop := s.requestContext(r)
+	err := s.room.take(wait, n)
+	stop()
+	if err != nil {
 		s.metrics.overloaded.Inc()
-		return func() {}, &apiError{status: http.StatusServiceUnavailable, code: codeOverloaded,
+		return r.Context(), none, none, &apiError{status: http.StatusServiceUnavailable, code: codeOverloaded,
 			msg: fmt.Sprintf("too many request bodies in flight (serve.max_in_flight_bytes): no room within %s (serve.request_timeout); retry", s.cfg.RequestTimeout)}
 	}
 	var once sync.Once
 	release = func() { once.Do(func() { s.room.give(n) }) }
+	ctx, cancel = s.requestContext(r)
 	if deadline, ok := ctx.Deadline(); ok {
 		_ = http.NewResponseController(w).SetReadDeadline(deadline)
 	}
-	return release, s.decode(w, r, v)
+	return ctx, cancel, release, s.decode(w, r, v)
 }
 
 // storeError answers a failed store call: 503 with Retry-After when the
@@ -351,10 +358,9 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		unauthorized(w)
 		return
 	}
-	ctx, cancel := s.requestContext(r)
-	defer cancel()
 	var req checkRequest
-	release, e := s.readBody(ctx, w, r, &req)
+	ctx, cancel, release, e := s.readBody(w, r, &req)
+	defer cancel()
 	defer release()
 	if e != nil {
 		writeError(w, e.status, e.code, e.msg)
@@ -412,10 +418,9 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		unauthorized(w)
 		return
 	}
-	ctx, cancel := s.requestContext(r)
-	defer cancel()
 	var req batchRequest
-	release, e := s.readBody(ctx, w, r, &req)
+	ctx, cancel, release, e := s.readBody(w, r, &req)
+	defer cancel()
 	defer release()
 	if e != nil {
 		writeError(w, e.status, e.code, e.msg)

@@ -91,8 +91,8 @@ func send(h *harness, body string) <-chan answer {
 // request takes room for its body before reading it and waits for room
 // until serve.request_timeout, then gets 503 overloaded with Retry-After;
 // a request that gets room in time is answered as usual. A body that does
-// not arrive in time gets 408, one announced larger than
-// serve.max_body_bytes gets 413 without being read.
+// not arrive within serve.request_timeout of finding room gets 408, one
+// announced larger than serve.max_body_bytes gets 413 without being read.
 func TestBodyRoom(t *testing.T) {
 	t.Parallel()
 	const unit = 64 << 10
@@ -112,10 +112,10 @@ func TestBodyRoom(t *testing.T) {
 	h1 := rawRequest(t, addr, unit/2, `{"service":"a",`)
 	at(200 * time.Millisecond)
 	whole := send(h, checkOfSize("whole", unit))
+	at(300 * time.Millisecond)
+	small := send(h, `{"service":"a","entity":"small","payload":1}`) // fits beside one holder: at once
 	at(500 * time.Millisecond)
 	h2 := rawRequest(t, addr, unit/2, `{"service":"a",`)
-	at(700 * time.Millisecond)
-	small := send(h, `{"service":"a","entity":"small","payload":1}`) // fits beside one holder: at once
 	at(1300 * time.Millisecond)
 	waits := send(h, checkOfSize("waits", unit)) // gets room when h2 gives it back at 1.5s
 

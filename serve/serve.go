@@ -33,8 +33,8 @@
 // the connections by serve.max_connections (beyond either, a request waits
 // up to serve.request_timeout, then gets 503 overloaded with Retry-After),
 // every phase of a connection by a timeout (a body that does not arrive
-// within serve.request_timeout: 408), the service label values by the
-// configuration.
+// within serve.request_timeout of finding room: 408), the service label
+// values by the configuration.
 //
 // Metrics (all on the registry given to New):
 //
@@ -273,12 +273,13 @@ const maxHeaderBytes = 16 << 10
 func newTimeouts(request time.Duration) timeouts {
 	const header = 5 * time.Second
 	return timeouts{
+		// A request waits for room up to serve.request_timeout, then reads
+		// its body and decides within serve.request_timeout, then writes
+		// its answer.
 		header: header,
-		read:   request + header,
-		// A request waits for room, reads its body and decides within
-		// serve.request_timeout, then writes its answer.
-		write: request + 10*time.Second,
-		idle:  2 * time.Minute,
+		read:   2*request + header,
+		write:  2*request + 10*time.Second,
+		idle:   2 * time.Minute,
 	}
 }
 
