@@ -48,13 +48,14 @@ type harness struct {
 }
 
 // newHarness serves cfg (testConfig on a fresh schema, changed by mutate)
-// on an httptest server.
+// on an httptest server, every exchange checked against the OpenAPI
+// document (contract_test.go).
 func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
 	t.Helper()
 	h := newServer(t, mutate)
 	h.srv.Start(context.Background())
 	t.Cleanup(h.srv.Close) // after the HTTP server's close (cleanups run last first)
-	ts := httptest.NewServer(h.srv.Handler())
+	ts := httptest.NewServer(validated(t, h.srv.Handler()))
 	t.Cleanup(ts.Close)
 	h.url = ts.URL
 	return h
