@@ -239,7 +239,9 @@ func (s *Server) Close() {
 }
 
 // Handler returns the service's HTTP handler: the API, /metrics, /healthz
-// and /readyz.
+// and /readyz. It bounds what its requests hold (identities, bodies and
+// the bodies in flight); the connection bound, TLS and the server's
+// timeouts are Run's, which a server of your own must provide itself.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/check", s.instrument("check", s.handleCheck))
