@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -196,14 +197,23 @@ var refusal = func() string {
 		"\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
 }()
 
-// refuse answers c 503 and closes it, giving up after a second.
+// refuse answers c 503 and closes it, giving up after a second. It
+// half-closes the connection and reads what the client sent (its request,
+// unread) before closing: a socket closed with unread data is reset, and
+// the client may then lose the answer before it reads it.
 func (l *connLimit) refuse(c net.Conn) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Second))
 	if l.tlsConfig != nil {
 		c = tls.Server(c, l.tlsConfig)
 	}
-	_, _ = c.Write([]byte(refusal))
+	if _, err := c.Write([]byte(refusal)); err != nil {
+		return
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 }
 
 // closeIdle closes the connection idle the longest, if any: a waiting
