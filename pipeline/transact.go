@@ -45,8 +45,10 @@ import (
 
 // errProducerFenced: another live client took this instance's
 // transactional id (a restart of this instance, or a configuration that
-// gives two instances the same id): this one must stop.
-var errProducerFenced = errors.New("pipeline: fenced by another producer with the same transactional id")
+// gives two instances the same id), or its producer failed for good
+// (franz-go cannot begin a transaction any more): this one must stop, for
+// its orchestrator to start it afresh.
+var errProducerFenced = errors.New("pipeline: fenced by another producer with the same transactional id, or the transactional producer failed for good")
 
 // transactionalID is this instance's transactional id: kafka.transactional_id,
 // or client_id-group-hostname.
@@ -344,7 +346,11 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 	// 2. Deliver: one transaction for every record the round delivers and
 	// the offsets its partitions' jobs allow.
 	if err := sess.Begin(); err != nil {
-		return p.uncommitted(hard, sess, parts, p.fenced(fmt.Errorf("beginning a transaction: %w", err)))
+		// franz-go recovers what can be recovered before it refuses to
+		// begin: a producer that cannot begin never will (a newer
+		// producer with this transactional id can leave it in
+		// INVALID_TXN_STATE rather than PRODUCER_FENCED).
+		return p.uncommitted(hard, sess, parts, fmt.Errorf("%w %q: beginning a transaction: %w", errProducerFenced, p.transactionalID(), err))
 	}
 	var (
 		pwg   sync.WaitGroup

@@ -276,7 +276,14 @@ func TestExactlyOnceSameTransactionalID(t *testing.T) {
 		n := b.gauge("dam_partitions_assigned", "svc")
 		return n > 0, fmt.Sprint(n)
 	})
-	produceTo(t, kc, "in", &kgo.Record{Partition: 0, Key: []byte("k1"), Value: []byte(`"B"`)}, &kgo.Record{Partition: 1, Key: []byte("k2"), Value: []byte(`"X"`)})
+	// B's producer takes the transactional id at its first transaction
+	// (franz-go initializes it then): one record on each partition makes
+	// sure B has one, and A's next transaction comes after it. (Without
+	// this, A could commit its next round just before B's first one and,
+	// idle after, never learn it was fenced.)
+	produceTo(t, kc, "in", &kgo.Record{Partition: 0, Key: []byte("k3"), Value: []byte(`"Z"`)}, &kgo.Record{Partition: 1, Key: []byte("k2"), Value: []byte(`"X"`)})
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`}, "k2": {`"X"`}, "k3": {`"Z"`}})
+	produceTo(t, kc, "in", &kgo.Record{Partition: 0, Key: []byte("k1"), Value: []byte(`"B"`)}, &kgo.Record{Partition: 1, Key: []byte("k2"), Value: []byte(`"W"`)})
 	var err error
 	select {
 	case err = <-a.errc:
@@ -287,7 +294,7 @@ func TestExactlyOnceSameTransactionalID(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "transactional id") {
 		t.Fatalf("the fenced instance returned %v, want an error naming the transactional id", err)
 	}
-	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`, `"B"`}, "k2": {`"X"`}})
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`, `"B"`}, "k2": {`"X"`, `"W"`}, "k3": {`"Z"`}})
 	b.stop()
 }
 
