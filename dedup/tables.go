@@ -2,7 +2,6 @@ package dedup
 
 import (
 	"bytes"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,23 +43,6 @@ func newRuleTxn(r Rule, n int) ruleTxn {
 		t.forwarded = make([]time.Time, n)
 	}
 	return t
-}
-
-// validate rejects a rule that is the caller's bug.
-func (r Rule) validate() error {
-	switch {
-	case r.Mode > Version:
-		return fmt.Errorf("%w: unknown mode %d", ErrInvalid, r.Mode)
-	case r.Mode == Window && r.Window <= 0:
-		return fmt.Errorf("%w: window mode needs a positive window, got %v", ErrInvalid, r.Window)
-	case r.Mode != Window && (r.Window != 0 || r.Sliding):
-		return fmt.Errorf("%w: a window is only for window mode, not %v", ErrInvalid, r.Mode)
-	case r.RefreshAfter < 0:
-		return fmt.Errorf("%w: negative refresh_after %v", ErrInvalid, r.RefreshAfter)
-	case r.Mode != LastSeen && r.RefreshAfter != 0:
-		return fmt.Errorf("%w: refresh_after is only for last-seen mode, not %v", ErrInvalid, r.Mode)
-	}
-	return nil
 }
 
 // rows is what every rule keeps per identity: whether the lock found a row,
