@@ -1,16 +1,18 @@
 package dedup
 
 import (
-	"bytes"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dam-dedup/dam/canon"
 )
 
-// The decision rules. Each mode has its own table and, per Decide
-// transaction, a ruleTxn: it queues the statement locking the batch's
-// identities that exist (round trip 1), decides each record in offset order
-// in memory, and queues the statements writing what changed (round trip 2).
+// Each mode's table in a Decide transaction. Per transaction, a tableTxn
+// queues the statement locking the batch's identities that exist and
+// reading their state (round trip 1); Decide then runs the rule
+// (Rule.Decide, rules.go) on each record in offset order, in memory, and
+// the tableTxn queues the statements writing what changed (round trip 2).
 // In every table, identities the lock found are rewritten by an upsert,
 // identities it did not find are written by a plain INSERT whose unique
 // violation, if a concurrent decider created one of them meanwhile, rolls
@@ -18,60 +20,82 @@ import (
 // locked in key order, the same in every batch, so concurrent batches do
 // not deadlock on them.
 
-// ruleTxn is one mode's part of one Decide transaction. Identities are
-// indexed as Decide's sorted entities.
-type ruleTxn interface {
+// tableTxn is one mode's table in one Decide transaction.
+type tableTxn interface {
 	// queueLock queues the statement that locks and reads the stored state
-	// of entities (those that exist).
-	queueLock(rt1 *pgx.Batch, service string, entities [][]byte, idx map[string]int)
-	// decide decides r, of identity i, at now, and updates the identity's
-	// state in memory.
-	decide(i int, r *Record, now time.Time) Decision
-	// queueWrites queues the statements writing the changed identities.
-	queueWrites(rt2 *pgx.Batch, service string, p Partition, entities [][]byte, now time.Time)
+	// of ids's entities (those that exist) into ids.
+	queueLock(rt1 *pgx.Batch, service string, ids *identities)
+	// queueWrites queues the statements writing ids's changed identities.
+	queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time)
 }
 
-func newRuleTxn(r Rule, n int) ruleTxn {
+func newTableTxn(r Rule) tableTxn {
 	switch r.Mode {
 	case Window:
-		return &windowTxn{rule: r, rows: newRows(n), expires: make([]time.Time, n), extended: make([]bool, n)}
+		return windowTxn{window: r.Window}
 	case Version:
-		return &versionTxn{rows: newRows(n), version: make([]int64, n), has: make([]bool, n)}
+		return versionTxn{}
 	}
-	t := &lastSeenTxn{refresh: r.RefreshAfter, rows: newRows(n), current: make([]*[]byte, n)}
-	if t.refresh > 0 {
-		t.forwarded = make([]time.Time, n)
+	return lastSeenTxn{refresh: r.RefreshAfter > 0}
+}
+
+// identities are the distinct identities of a batch, sorted (the order in
+// which they are locked), with their state as the batch goes.
+type identities struct {
+	rule     Rule
+	entities [][]byte
+	idx      map[string]int // entity -> index in entities
+	// state is each identity's state: as the lock read it, then as each of
+	// its records leaves it.
+	state []Stored
+	// found: the lock found a row (rewritten by an upsert; the others are
+	// inserted).
+	found []bool
+	// changed: a record of the batch forwarded the identity; offsets holds
+	// that record's offset.
+	changed []bool
+	offsets []int64
+	// touched: a record changed the state without forwarding it (a sliding
+	// window's expiry), and none of the batch forwarded it.
+	touched []bool
+}
+
+func newIdentities(rule Rule, entities [][]byte, idx map[string]int) *identities {
+	n := len(entities)
+	return &identities{rule: rule, entities: entities, idx: idx, state: make([]Stored, n),
+		found: make([]bool, n), changed: make([]bool, n), offsets: make([]int64, n), touched: make([]bool, n)}
+}
+
+// read records the state the lock found for entity e.
+func (ids *identities) read(e []byte, st Stored) {
+	if i, ok := ids.idx[string(e)]; ok {
+		ids.found[i], ids.state[i] = true, st
 	}
-	return t
 }
 
-// rows is what every rule keeps per identity: whether the lock found a row,
-// whether the batch changed it, and the digest and offset of the record
-// that did.
-type rows struct {
-	found, changed []bool
-	digests        [][]byte
-	offsets        []int64
-}
-
-func newRows(n int) rows {
-	return rows{found: make([]bool, n), changed: make([]bool, n), digests: make([][]byte, n), offsets: make([]int64, n)}
-}
-
-// set records that r changed identity i.
-func (rs *rows) set(i int, r *Record) {
-	rs.changed[i] = true
-	rs.digests[i] = r.Digest[:]
-	rs.offsets[i] = r.Offset
+// decide decides r, a valid record, at now under the batch's rule, and
+// keeps its identity's new state.
+func (ids *identities) decide(r *Record, now time.Time) Decision {
+	i := ids.idx[string(r.Entity)]
+	prev := ids.state[i]
+	o := ids.rule.Decide(prev, r.Digest, r.Version, now)
+	ids.state[i] = o.State
+	switch {
+	case o.Decision.Forwards():
+		ids.changed[i], ids.offsets[i], ids.touched[i] = true, r.Offset, false
+	case !ids.changed[i] && !o.State.Equal(prev):
+		ids.touched[i] = true
+	}
+	return o.Decision
 }
 
 // split returns the changed identities' indexes, those the lock found
 // (rewritten) apart from the new ones (inserted).
-func (rs *rows) split() (found, added []int) {
-	for i, c := range rs.changed {
+func (ids *identities) split() (found, added []int) {
+	for i, c := range ids.changed {
 		switch {
 		case !c:
-		case rs.found[i]:
+		case ids.found[i]:
 			found = append(found, i)
 		default:
 			added = append(added, i)
@@ -80,13 +104,24 @@ func (rs *rows) split() (found, added []int) {
 	return found, added
 }
 
-// pick returns s's elements at the indexes is.
-func pick[T any](s []T, is []int) []T {
-	out := make([]T, len(is))
+// columns returns, for the identities at is, the entity, the digest of the
+// state and the offset that set it.
+func (ids *identities) columns(is []int) (entities, digests [][]byte, offsets []int64) {
+	entities, digests, offsets = make([][]byte, len(is)), make([][]byte, len(is)), make([]int64, len(is))
 	for k, i := range is {
-		out[k] = s[i]
+		entities[k], digests[k], offsets[k] = ids.entities[i], ids.state[i].Digest[:], ids.offsets[i]
 	}
-	return out
+	return entities, digests, offsets
+}
+
+// storedDigest reads a stored digest. One of another length (not written
+// by this version) reads as the zero digest, which equals no record's.
+func storedDigest(b []byte) canon.Digest {
+	var d canon.Digest
+	if len(b) == len(d) {
+		copy(d[:], b)
+	}
+	return d
 }
 
 // Last-seen: table state.
@@ -108,70 +143,40 @@ const (
 		SELECT $1, e, d, $7, $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(e, d, o) ORDER BY e`
 )
 
-// lastSeenTxn decides by content: forward iff the digest differs from the
-// stored one or, with refresh, when the identity was last forwarded more
-// than refresh ago.
-type lastSeenTxn struct {
-	refresh time.Duration
-	rows
-	current   []*[]byte   // stored digest, nil if absent
-	forwarded []time.Time // when last forwarded; only with refresh
-}
+// lastSeenTxn is table state. With refresh, the lock also reads when each
+// identity was last forwarded.
+type lastSeenTxn struct{ refresh bool }
 
-func (t *lastSeenTxn) queueLock(rt1 *pgx.Batch, service string, entities [][]byte, idx map[string]int) {
+func (t lastSeenTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
 	sql := sqlLockState
-	if t.refresh > 0 {
+	if t.refresh {
 		sql = sqlLockStateRefresh
 	}
-	rt1.Queue(sql, service, entities).Query(func(rs pgx.Rows) error {
+	rt1.Queue(sql, service, ids.entities).Query(func(rs pgx.Rows) error {
 		var e, d []byte
 		var at time.Time
 		dest := []any{&e, &d}
-		if t.refresh > 0 {
+		if t.refresh {
 			dest = append(dest, &at)
 		}
 		_, err := pgx.ForEachRow(rs, dest, func() error {
-			if i, ok := idx[string(e)]; ok {
-				t.found[i] = true
-				if d != nil {
-					dd := bytes.Clone(d)
-					t.current[i] = &dd
-				}
-				if t.refresh > 0 {
-					t.forwarded[i] = at
-				}
-			}
+			// A row whose digest is NULL holds no state, but exists.
+			ids.read(e, Stored{Found: d != nil, Digest: storedDigest(d), Forwarded: at})
 			return nil
 		})
 		return err
 	})
 }
 
-func (t *lastSeenTxn) decide(i int, r *Record, now time.Time) Decision {
-	d := Forward
-	if cur := t.current[i]; cur != nil && bytes.Equal(*cur, r.Digest[:]) {
-		if t.refresh <= 0 || now.Sub(t.forwarded[i]) <= t.refresh {
-			return Duplicate
-		}
-		d = Refresh
-	}
-	dd := r.Digest[:]
-	t.current[i] = &dd
-	t.set(i, r)
-	if t.refresh > 0 {
-		t.forwarded[i] = now
-	}
-	return d
-}
-
-func (t *lastSeenTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, entities [][]byte, now time.Time) {
-	found, added := t.split()
+func (t lastSeenTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
+	found, added := ids.split()
 	for _, w := range []struct {
 		sql string
 		is  []int
 	}{{sqlWriteState, found}, {sqlInsertState, added}} {
 		if len(w.is) > 0 {
-			rt2.Queue(w.sql, service, p.Topic, p.Partition, pick(entities, w.is), pick(t.digests, w.is), pick(t.offsets, w.is), now)
+			entities, digests, offsets := ids.columns(w.is)
+			rt2.Queue(w.sql, service, p.Topic, p.Partition, entities, digests, offsets, now)
 		}
 	}
 }
@@ -195,60 +200,39 @@ const (
 	sqlExtendWindow = `UPDATE window_ids SET expires_at = $3 WHERE service = $1 AND id = ANY($2::bytea[])`
 )
 
-// windowTxn decides by message id: forward iff the id is absent or its
-// window has expired (now >= its expiry).
-type windowTxn struct {
-	rule Rule
-	rows
-	expires  []time.Time // zero if absent
-	extended []bool      // a sliding duplicate moved the expiry of a row the batch did not forward
-}
+// windowTxn is table window_ids.
+type windowTxn struct{ window time.Duration }
 
-func (t *windowTxn) queueLock(rt1 *pgx.Batch, service string, entities [][]byte, idx map[string]int) {
-	rt1.Queue(sqlLockWindow, service, entities).Query(func(rs pgx.Rows) error {
+func (t windowTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
+	rt1.Queue(sqlLockWindow, service, ids.entities).Query(func(rs pgx.Rows) error {
 		var id []byte
 		var exp time.Time
 		_, err := pgx.ForEachRow(rs, []any{&id, &exp}, func() error {
-			if i, ok := idx[string(id)]; ok {
-				t.found[i], t.expires[i] = true, exp
-			}
+			ids.read(id, Stored{Found: true, Expires: exp})
 			return nil
 		})
 		return err
 	})
 }
 
-func (t *windowTxn) decide(i int, r *Record, now time.Time) Decision {
-	if !t.expires[i].IsZero() && now.Before(t.expires[i]) {
-		if t.rule.Sliding {
-			t.expires[i] = now.Add(t.rule.Window)
-			t.extended[i] = !t.changed[i]
-		}
-		return Duplicate
-	}
-	t.expires[i] = now.Add(t.rule.Window)
-	t.extended[i] = false
-	t.set(i, r)
-	return Forward
-}
-
-func (t *windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, entities [][]byte, now time.Time) {
-	found, added := t.split()
+func (t windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
+	found, added := ids.split()
 	// Every identity the batch forwarded or extended expires at the same
 	// time: one decision time per batch.
-	exp := now.Add(t.rule.Window)
+	exp := now.Add(t.window)
 	for _, w := range []struct {
 		sql string
 		is  []int
 	}{{sqlWriteWindow, found}, {sqlInsertWindow, added}} {
 		if len(w.is) > 0 {
-			rt2.Queue(w.sql, service, p.Topic, p.Partition, pick(entities, w.is), pick(t.digests, w.is), pick(t.offsets, w.is), now, exp)
+			entities, digests, offsets := ids.columns(w.is)
+			rt2.Queue(w.sql, service, p.Topic, p.Partition, entities, digests, offsets, now, exp)
 		}
 	}
 	var ext [][]byte
-	for i, e := range t.extended {
-		if e {
-			ext = append(ext, entities[i])
+	for i, touched := range ids.touched {
+		if touched {
+			ext = append(ext, ids.entities[i])
 		}
 	}
 	if len(ext) > 0 {
@@ -271,49 +255,34 @@ const (
 		SELECT $1, e, n, d, $8, $2, $3, o FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[]) AS u(e, n, d, o) ORDER BY e`
 )
 
-// versionTxn decides by version: forward iff above the stored version;
-// equal is a duplicate, below is stale.
-type versionTxn struct {
-	rows
-	version []int64
-	has     []bool // a version is stored (or set by the batch)
-}
+// versionTxn is table versions.
+type versionTxn struct{}
 
-func (t *versionTxn) queueLock(rt1 *pgx.Batch, service string, entities [][]byte, idx map[string]int) {
-	rt1.Queue(sqlLockVersion, service, entities).Query(func(rs pgx.Rows) error {
+func (versionTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
+	rt1.Queue(sqlLockVersion, service, ids.entities).Query(func(rs pgx.Rows) error {
 		var e []byte
 		var v int64
 		_, err := pgx.ForEachRow(rs, []any{&e, &v}, func() error {
-			if i, ok := idx[string(e)]; ok {
-				t.found[i], t.has[i], t.version[i] = true, true, v
-			}
+			ids.read(e, Stored{Found: true, Version: v})
 			return nil
 		})
 		return err
 	})
 }
 
-func (t *versionTxn) decide(i int, r *Record, _ time.Time) Decision {
-	switch {
-	case t.has[i] && r.Version == t.version[i]:
-		return Duplicate
-	case t.has[i] && r.Version < t.version[i]:
-		return Stale
-	}
-	t.has[i], t.version[i] = true, r.Version
-	t.set(i, r)
-	return Forward
-}
-
-func (t *versionTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, entities [][]byte, now time.Time) {
-	found, added := t.split()
+func (versionTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
+	found, added := ids.split()
 	for _, w := range []struct {
 		sql string
 		is  []int
 	}{{sqlWriteVersion, found}, {sqlInsertVersion, added}} {
 		if len(w.is) > 0 {
-			rt2.Queue(w.sql, service, p.Topic, p.Partition, pick(entities, w.is), pick(t.version, w.is),
-				pick(t.digests, w.is), pick(t.offsets, w.is), now)
+			entities, digests, offsets := ids.columns(w.is)
+			versions := make([]int64, len(w.is))
+			for k, i := range w.is {
+				versions[k] = ids.state[i].Version
+			}
+			rt2.Queue(w.sql, service, p.Topic, p.Partition, entities, versions, digests, offsets, now)
 		}
 	}
 }
