@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -817,37 +815,4 @@ func logLine(od dedup.OffsetDecision, offset int64, decided bool, rule dedup.Rul
 		return fmt.Sprintf("decision log: no longer covers offset %d (it holds [%d, %d); it is pruned below the group's committed offset once delivered)", offset, od.LogFrom, od.LogTo)
 	}
 	return fmt.Sprintf("decision log: no longer covers offset %d (empty for this partition: pruned below the group's committed offset once delivered)", offset)
-}
-
-func (r *offsetExplanation) print(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	rec := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
-	if r.Timestamp != nil {
-		rec += ", " + stamp(*r.Timestamp)
-	}
-	fmt.Fprintf(tw, "record\t%s\n", rec)
-	fmt.Fprintf(tw, "service\t%s\n", r.Service)
-	fmt.Fprintf(tw, "mode\t%s\n", r.Rule)
-	if r.Entity != "" || r.EntityHex != "" {
-		if r.Mode == dedup.Window.String() {
-			fmt.Fprintf(tw, "id\t%s\n", r.Entity)
-		} else {
-			fmt.Fprintf(tw, "entity\t%s\n", r.Entity)
-		}
-	}
-	if r.Digest != "" {
-		fmt.Fprintf(tw, "digest\t%s\n", r.Digest)
-	}
-	if r.Version != nil {
-		fmt.Fprintf(tw, "version\t%d\n", *r.Version)
-	}
-	fmt.Fprintf(tw, "decision\t%s\n", r.Decision)
-	fmt.Fprintf(tw, "why\t%s\n", r.Reason)
-	if r.Difference != nil {
-		fmt.Fprintf(tw, "difference\t%s (offset %d -> %d)\n", r.Difference, r.diffFrom, r.Offset)
-	}
-	for _, e := range r.Evidence {
-		fmt.Fprintf(tw, "evidence\t%s\n", e)
-	}
-	return tw.Flush()
 }

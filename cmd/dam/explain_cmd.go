@@ -1,0 +1,262 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
+)
+
+// The dam explain command: flags, wiring and printing around explainer.
+
+func newExplainCmd() *cobra.Command {
+	var (
+		path      string
+		isHex     bool
+		headers   []string
+		topic     string
+		partition int32
+		offset    int64
+		lookback  int64
+		timeout   time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "explain --config FILE (SERVICE ENTITY [PAYLOAD_FILE|-] | --topic T --partition P --offset O)",
+		Short: "Say why a record was (or would be) forwarded or dropped",
+		Long: `Explain a decision under the route's mode (last-seen, window or version),
+reading the state, the decision log and Kafka; it changes nothing. Windows
+and refreshes are measured on the database's clock, as the sidecar does.
+
+With SERVICE ENTITY [PAYLOAD_FILE|-]: would this payload be forwarded now?
+ENTITY is the identity: the entity, or in window mode the message id. The
+payload's record has ENTITY as its key and, when the route reads its
+identity from a header, in that header; other headers (a version in a
+header) are given with --header. Prints the stored state in the route's
+mode (the digest, when and from which input record it was set; the
+version; the window's expiry), the payload's digest under the route's own
+options, the decision (forward, refresh, duplicate, stale or invalid: bad
+input, with the reason), and when the content differs from the stored
+content the first structural difference, taken from the stored content
+read back from Kafka at its source offset (or "stored content no longer
+readable"). Without a payload it shows the stored state and what the
+route's rule makes of it.
+
+With --topic, --partition and --offset: reads that input record and says
+what dam decided for it and why ("duplicate of the content forwarded from
+offset N at T", "stale: its version 5 is below the version 7 ...", for a
+forward the change that made it differ). It answers from the decision log
+while it still covers the offset (it is pruned below the group's committed
+offset), otherwise from the state and the input before the offset, and
+says which.`,
+		Example: `  dam explain --config dam.yaml customer-2 B-007 payload.json
+  kcat -C -t projections.customer-2 -p 0 -o 1240 -c 1 -e | dam explain -c dam.yaml customer-2 B-007 -
+  dam explain --config dam.yaml orders O-1 order.json --header Version=8
+  dam explain --config dam.yaml --topic projections.customer-2 --partition 0 --offset 1240 -o json`,
+		Args:                  argsUsage(cobra.MaximumNArgs(3)),
+		DisableFlagsInUseLine: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := outputJSON(cmd)
+			if err != nil {
+				return err
+			}
+			byOffset := cmd.Flags().Changed("topic") || cmd.Flags().Changed("partition") || cmd.Flags().Changed("offset")
+			switch {
+			case byOffset && len(args) > 0:
+				return usagef("explain: give SERVICE ENTITY [PAYLOAD] or --topic/--partition/--offset, not both")
+			case byOffset && (topic == "" || !cmd.Flags().Changed("partition") || !cmd.Flags().Changed("offset")):
+				return usagef("explain: --topic, --partition and --offset go together")
+			case byOffset && (partition < 0 || offset < 0):
+				return usagef("explain: --partition and --offset must not be negative")
+			case !byOffset && len(args) < 2:
+				return usagef("explain: give SERVICE ENTITY [PAYLOAD_FILE|-], or --topic, --partition and --offset")
+			case len(headers) > 0 && len(args) < 3:
+				return usagef("explain: --header goes with a PAYLOAD_FILE: it is a header of the payload's record")
+			}
+			if lookback < 0 {
+				return usagef("explain: --lookback must not be negative")
+			}
+			hdrs, err := parseHeaders(headers)
+			if err != nil {
+				return err
+			}
+			cfg, err := loadConfig(path)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			store, err := dedup.Open(ctx, cfg.Postgres.DSN, dedup.Config{MaxConns: 2, ApplicationName: "dam-explain"})
+			if err != nil {
+				return fmt.Errorf("postgres: %w", err)
+			}
+			defer store.Close()
+			if err := store.Ping(ctx); err != nil {
+				return fmt.Errorf("postgres %s: %w", config.RedactDSN(cfg.Postgres.DSN), err)
+			}
+			kr, err := newKafkaReader(cfg.Kafka)
+			if err != nil {
+				return err
+			}
+			defer kr.Close()
+			ex := &explainer{cfg: cfg, store: store, kafka: kr, lookback: lookback}
+			out := cmd.OutOrStdout()
+			if byOffset {
+				res, err := ex.offset(ctx, topic, partition, offset)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(out, res)
+				}
+				return res.print(out)
+			}
+			entity := []byte(args[1])
+			if isHex {
+				if entity, err = hex.DecodeString(args[1]); err != nil {
+					return usagef("entity %q: not hex: %v", args[1], err)
+				}
+			}
+			var payload []byte
+			hasPayload := len(args) == 3
+			if hasPayload {
+				if payload, err = readPayload(cmd, args[2], ex.hasher(args[0])); err != nil {
+					return err
+				}
+			}
+			res, err := ex.payload(ctx, args[0], entity, payload, hasPayload, hdrs)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(out, res)
+			}
+			return res.print(out)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&path, "config", "c", "dam.yaml", "configuration `file` (routes, PostgreSQL, Kafka, kafka.group)")
+	fl.BoolVar(&isHex, "hex", false, "ENTITY is hex-encoded bytes")
+	fl.StringArrayVar(&headers, "header", nil, "a header of the payload's record, `NAME=VALUE` (repeatable): a version or id read from a header")
+	fl.StringVar(&topic, "topic", "", "input topic of the record to explain")
+	fl.Int32Var(&partition, "partition", 0, "its partition")
+	fl.Int64Var(&offset, "offset", 0, "its offset")
+	fl.Int64Var(&lookback, "lookback", 10000, "input records read before the offset to find the content it repeated or changed")
+	fl.DurationVar(&timeout, "timeout", 30*time.Second, "give up after this long")
+	addOutputFlag(cmd)
+	return cmd
+}
+
+// parseHeaders parses --header NAME=VALUE flags.
+func parseHeaders(flags []string) ([]kgo.RecordHeader, error) {
+	var hs []kgo.RecordHeader
+	for _, f := range flags {
+		name, value, ok := strings.Cut(f, "=")
+		if !ok || name == "" {
+			return nil, usagef("--header %q: want NAME=VALUE", f)
+		}
+		hs = append(hs, kgo.RecordHeader{Key: name, Value: []byte(value)})
+	}
+	return hs, nil
+}
+
+// readPayload reads PAYLOAD_FILE or stdin ("-"), up to one byte past the
+// hasher's size limit (so that a larger value is reported as too large).
+func readPayload(cmd *cobra.Command, name string, h routeHasher) ([]byte, error) {
+	in := cmd.InOrStdin()
+	if name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		in = f
+	}
+	b, err := io.ReadAll(io.LimitReader(in, int64(h.maxSize)+1))
+	if err != nil {
+		return nil, err
+	}
+	if b == nil {
+		b = []byte{}
+	}
+	return b, nil
+}
+
+func (r *payloadExplanation) print(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "service\t%s\n", r.Service)
+	if r.Mode == dedup.Window.String() {
+		fmt.Fprintf(tw, "id\t%s\n", r.Entity)
+	} else {
+		fmt.Fprintf(tw, "entity\t%s\n", r.Entity)
+	}
+	fmt.Fprintf(tw, "mode\t%s\n", r.Rule)
+	fmt.Fprintf(tw, "hashing\t%s\n", r.Hashing)
+	if r.Window != nil || r.Refresh != nil {
+		fmt.Fprintf(tw, "now\t%s (the database's clock)\n", exact(r.Now))
+	}
+	fmt.Fprintf(tw, "stored\t%s\n", r.Stored.describe())
+	if r.ModeChange != "" {
+		fmt.Fprintf(tw, "mode change\t%s\n", r.ModeChange)
+	}
+	if r.Digest != "" {
+		fmt.Fprintf(tw, "payload\t%s\n", r.Digest)
+	}
+	if r.Version != nil {
+		fmt.Fprintf(tw, "version\t%d\n", *r.Version)
+	}
+	if r.Decision != "" {
+		fmt.Fprintf(tw, "decision\t%s: %s\n", r.Decision, r.Reason)
+	} else {
+		fmt.Fprintf(tw, "note\t%s\n", r.Reason)
+	}
+	if r.Difference != nil {
+		fmt.Fprintf(tw, "difference\t%s (stored -> payload)\n", r.Difference)
+	}
+	if r.StoredContent != "" {
+		fmt.Fprintf(tw, "difference\t%s\n", r.StoredContent)
+	}
+	return tw.Flush()
+}
+
+func (r *offsetExplanation) print(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	rec := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
+	if r.Timestamp != nil {
+		rec += ", " + stamp(*r.Timestamp)
+	}
+	fmt.Fprintf(tw, "record\t%s\n", rec)
+	fmt.Fprintf(tw, "service\t%s\n", r.Service)
+	fmt.Fprintf(tw, "mode\t%s\n", r.Rule)
+	if r.Entity != "" || r.EntityHex != "" {
+		if r.Mode == dedup.Window.String() {
+			fmt.Fprintf(tw, "id\t%s\n", r.Entity)
+		} else {
+			fmt.Fprintf(tw, "entity\t%s\n", r.Entity)
+		}
+	}
+	if r.Digest != "" {
+		fmt.Fprintf(tw, "digest\t%s\n", r.Digest)
+	}
+	if r.Version != nil {
+		fmt.Fprintf(tw, "version\t%d\n", *r.Version)
+	}
+	fmt.Fprintf(tw, "decision\t%s\n", r.Decision)
+	fmt.Fprintf(tw, "why\t%s\n", r.Reason)
+	if r.Difference != nil {
+		fmt.Fprintf(tw, "difference\t%s (offset %d -> %d)\n", r.Difference, r.diffFrom, r.Offset)
+	}
+	for _, e := range r.Evidence {
+		fmt.Fprintf(tw, "evidence\t%s\n", e)
+	}
+	return tw.Flush()
+}
