@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,11 +14,12 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/explain"
+	"github.com/dam-dedup/dam/pipeline"
 )
-
-// The dam explain command: flags, wiring and printing around explainer.
 
 func newExplainCmd() *cobra.Command {
 	var (
@@ -93,6 +95,14 @@ says which.`,
 			if err != nil {
 				return err
 			}
+			var route *pipeline.Route
+			if byOffset {
+				if route, err = routeReading(cfg, topic); err != nil {
+					return err
+				}
+			} else if route, err = routeOf(cfg, args[0]); err != nil {
+				return err
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			store, err := dedup.Open(ctx, cfg.Postgres.DSN, dedup.Config{MaxConns: 2, ApplicationName: "dam-explain"})
@@ -103,44 +113,57 @@ says which.`,
 			if err := store.Ping(ctx); err != nil {
 				return fmt.Errorf("postgres %s: %w", config.RedactDSN(cfg.Postgres.DSN), err)
 			}
-			kr, err := newKafkaReader(cfg.Kafka)
+			kopts, err := pipeline.KafkaOptions(cfg.Kafka)
 			if err != nil {
-				return err
+				return usageError{err}
 			}
-			defer kr.Close()
-			ex := &explainer{cfg: cfg, store: store, kafka: kr, lookback: lookback}
+			kc, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.ClientID(cfg.Kafka.ClientID + "-explain")}, kopts...)...)
+			if err != nil {
+				return fmt.Errorf("kafka: %w", err)
+			}
+			defer kc.Close()
+			opts := []explain.Option{explain.WithLookback(lookback)}
+			if explainClock != nil {
+				opts = append(opts, explain.WithClock(explainClock))
+			}
+			ex := explain.New(store, kc, cfg.Kafka.Group, opts...)
 			out := cmd.OutOrStdout()
 			if byOffset {
-				res, err := ex.offset(ctx, topic, partition, offset)
+				res, err := ex.Offset(ctx, route, partition, offset)
 				if err != nil {
 					return err
 				}
 				if asJSON {
 					return writeJSON(out, res)
 				}
-				return res.print(out)
+				return printOffset(out, res)
 			}
-			entity := []byte(args[1])
+			q := explain.Query{Service: args[0], Entity: []byte(args[1]), Headers: hdrs}
+			if route != nil {
+				q.Route = route
+			}
 			if isHex {
-				if entity, err = hex.DecodeString(args[1]); err != nil {
+				if q.Entity, err = hex.DecodeString(args[1]); err != nil {
 					return usagef("entity %q: not hex: %v", args[1], err)
 				}
 			}
-			var payload []byte
-			hasPayload := len(args) == 3
-			if hasPayload {
-				if payload, err = readPayload(cmd, args[2], ex.hasher(args[0])); err != nil {
+			if len(args) == 3 {
+				if q.Value, err = readPayload(cmd, args[2], route); err != nil {
 					return err
 				}
+				q.HasValue = true
 			}
-			res, err := ex.payload(ctx, args[0], entity, payload, hasPayload, hdrs)
+			res, err := ex.Payload(ctx, q)
+			if errors.Is(err, explain.ErrUnknownService) || errors.Is(err, explain.ErrOtherIdentity) {
+				return usageError{err}
+			}
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				return writeJSON(out, res)
 			}
-			return res.print(out)
+			return printPayload(out, res)
 		},
 	}
 	fl := cmd.Flags()
@@ -154,6 +177,42 @@ says which.`,
 	fl.DurationVar(&timeout, "timeout", 30*time.Second, "give up after this long")
 	addOutputFlag(cmd)
 	return cmd
+}
+
+// explainClock, when set, stops dam explain's clock (tests).
+var explainClock func(context.Context) (time.Time, error)
+
+// routeOf compiles service's route as the sidecar runs it; nil when the
+// configuration has none (explained as dam serve's checks decide).
+func routeOf(cfg config.Config, service string) (*pipeline.Route, error) {
+	for i := range cfg.Routes {
+		if cfg.Routes[i].Service == service {
+			return compile(cfg.Routes[i])
+		}
+	}
+	return nil, nil
+}
+
+// routeReading compiles the route that reads topic.
+func routeReading(cfg config.Config, topic string) (*pipeline.Route, error) {
+	var rc *config.Route
+	for i := range cfg.Routes {
+		if cfg.Routes[i].From == topic {
+			rc = &cfg.Routes[i]
+		}
+	}
+	if rc == nil {
+		return nil, usagef("no route of the configuration reads topic %q", topic)
+	}
+	return compile(*rc)
+}
+
+func compile(rc config.Route) (*pipeline.Route, error) {
+	r, err := pipeline.CompileRoute(rc)
+	if err != nil {
+		return nil, fmt.Errorf("route %s: %w", rc.Service, err)
+	}
+	return r, nil
 }
 
 // parseHeaders parses --header NAME=VALUE flags.
@@ -170,8 +229,12 @@ func parseHeaders(flags []string) ([]kgo.RecordHeader, error) {
 }
 
 // readPayload reads PAYLOAD_FILE or stdin ("-"), up to one byte past the
-// hasher's size limit (so that a larger value is reported as too large).
-func readPayload(cmd *cobra.Command, name string, h routeHasher) ([]byte, error) {
+// route's size limit (so that a larger value is reported as too large).
+func readPayload(cmd *cobra.Command, name string, route *pipeline.Route) ([]byte, error) {
+	limit := canon.DefaultMaxSize
+	if route != nil {
+		limit = route.Config().MaxSize
+	}
 	in := cmd.InOrStdin()
 	if name != "-" {
 		f, err := os.Open(name)
@@ -181,7 +244,7 @@ func readPayload(cmd *cobra.Command, name string, h routeHasher) ([]byte, error)
 		defer f.Close()
 		in = f
 	}
-	b, err := io.ReadAll(io.LimitReader(in, int64(h.maxSize)+1))
+	b, err := io.ReadAll(io.LimitReader(in, int64(limit)+1))
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +254,10 @@ func readPayload(cmd *cobra.Command, name string, h routeHasher) ([]byte, error)
 	return b, nil
 }
 
-func (r *payloadExplanation) print(w io.Writer) error {
+// exact prints a time to the microsecond, as explanations do.
+func exact(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+func printPayload(w io.Writer, r *explain.PayloadExplanation) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "service\t%s\n", r.Service)
 	if r.Mode == dedup.Window.String() {
@@ -204,7 +270,7 @@ func (r *payloadExplanation) print(w io.Writer) error {
 	if r.Window != nil || r.Refresh != nil {
 		fmt.Fprintf(tw, "now\t%s (the database's clock)\n", exact(r.Now))
 	}
-	fmt.Fprintf(tw, "stored\t%s\n", r.Stored.describe())
+	fmt.Fprintf(tw, "stored\t%s\n", r.Stored)
 	if r.ModeChange != "" {
 		fmt.Fprintf(tw, "mode change\t%s\n", r.ModeChange)
 	}
@@ -228,11 +294,11 @@ func (r *payloadExplanation) print(w io.Writer) error {
 	return tw.Flush()
 }
 
-func (r *offsetExplanation) print(w io.Writer) error {
+func printOffset(w io.Writer, r *explain.OffsetExplanation) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	rec := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
 	if r.Timestamp != nil {
-		rec += ", " + stamp(*r.Timestamp)
+		rec += ", " + r.Timestamp.UTC().Format(time.RFC3339)
 	}
 	fmt.Fprintf(tw, "record\t%s\n", rec)
 	fmt.Fprintf(tw, "service\t%s\n", r.Service)
@@ -253,7 +319,7 @@ func (r *offsetExplanation) print(w io.Writer) error {
 	fmt.Fprintf(tw, "decision\t%s\n", r.Decision)
 	fmt.Fprintf(tw, "why\t%s\n", r.Reason)
 	if r.Difference != nil {
-		fmt.Fprintf(tw, "difference\t%s (offset %d -> %d)\n", r.Difference, r.diffFrom, r.Offset)
+		fmt.Fprintf(tw, "difference\t%s (offset %d -> %d)\n", r.Difference, r.DifferenceFrom, r.Offset)
 	}
 	for _, e := range r.Evidence {
 		fmt.Fprintf(tw, "evidence\t%s\n", e)

@@ -229,7 +229,7 @@ func TestExplainWindowSliding(t *testing.T) {
 	out = e.explained("svc", "A", payloadFile(t, `{"meta":{"id":null}}`))
 	mustContain(t, "null id", out, "decision invalid", "missing message id at /meta/id: not a non-empty string or a number")
 	code, _, errOut := e.explain("svc", "A", payloadFile(t, `{"meta":{"id":"B"}}`))
-	if code != 2 || !strings.Contains(errOut, `the payload's identity (id_from /meta/id) is "B", not ENTITY "A"`) {
+	if code != 2 || !strings.Contains(errOut, `the payload's identity (id_from /meta/id) is "B", not "A"`) {
 		t.Fatalf("another id: %d %s", code, errOut)
 	}
 }

@@ -43,7 +43,7 @@ func newExplainEnv(t *testing.T) *explainEnv {
 // newModeEnv: route "svc" has the settings routeYAML (lines indented for a
 // route's keys); more holds further routes ("  - service: ..." items).
 // Not parallel: DAM_POSTGRES_DSN is unset for the test (it would override
-// the file's DSN), and tests stop dbClock.
+// the file's DSN), and tests stop explainClock.
 func newModeEnv(t *testing.T, routeYAML string, more ...string) *explainEnv {
 	t.Helper()
 	unsetDSN(t)
@@ -128,9 +128,9 @@ func (e *explainEnv) decideAt(now time.Time, n int) []dedup.Decision {
 // at stops dam explain's clock (the database's) at now for the rest of the
 // test, to decide exactly at a boundary.
 func (e *explainEnv) at(now time.Time) {
-	prev := dbClock
-	dbClock = func(context.Context, *dedup.Store) (time.Time, error) { return now, nil }
-	e.t.Cleanup(func() { dbClock = prev })
+	prev := explainClock
+	explainClock = func(context.Context) (time.Time, error) { return now, nil }
+	e.t.Cleanup(func() { explainClock = prev })
 }
 
 // explain runs dam explain with the environment's configuration.

@@ -9,11 +9,11 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/explain"
 )
 
 func newStateCmd() *cobra.Command {
@@ -62,14 +62,6 @@ func entityArgs(cmd *cobra.Command, args []string) ([][]byte, error) {
 	return entities, nil
 }
 
-// showEntity prints a key as text when it is printable text, else as hex.
-func showEntity(e []byte) string {
-	if utf8.Valid(e) && strconv.CanBackquote(string(e)) {
-		return string(e)
-	}
-	return "hex:" + hex.EncodeToString(e)
-}
-
 func newStateGetCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get SERVICE ENTITY",
@@ -95,17 +87,17 @@ func newStateGetCmd() *cobra.Command {
 			}
 			if asJSON {
 				return writeJSON(cmd.OutOrStdout(), stateJSON{
-					Service: st.Service, Entity: showEntity(st.Entity), EntityHex: hex.EncodeToString(st.Entity),
-					storedJSON: *storedOf(&st),
+					Service: st.Service, Entity: explain.ShowEntity(st.Entity), EntityHex: hex.EncodeToString(st.Entity),
+					Stored: *explain.StoredOf(&st),
 				})
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "service\t%s\n", st.Service)
 			fmt.Fprintf(w, "mode\t%s\n", st.Mode)
 			if st.Mode == dedup.Window {
-				fmt.Fprintf(w, "id\t%s\n", showEntity(st.Entity))
+				fmt.Fprintf(w, "id\t%s\n", explain.ShowEntity(st.Entity))
 			} else {
-				fmt.Fprintf(w, "entity\t%s\n", showEntity(st.Entity))
+				fmt.Fprintf(w, "entity\t%s\n", explain.ShowEntity(st.Entity))
 			}
 			if st.Mode == dedup.Version {
 				fmt.Fprintf(w, "version\t%d\n", st.Version)
@@ -136,7 +128,7 @@ type stateJSON struct {
 	Service   string `json:"service"`
 	Entity    string `json:"entity"` // text, or "hex:..." for a key that is not
 	EntityHex string `json:"entity_hex"`
-	storedJSON
+	explain.Stored
 }
 
 func newStateResetCmd() *cobra.Command {

@@ -1,4 +1,4 @@
-package main
+package explain
 
 import (
 	"context"
@@ -11,19 +11,8 @@ import (
 	"github.com/dam-dedup/dam/dedup"
 )
 
-// What dam explain knows of the decision rules (dedup/rules.go): how a
+// What explain knows of the decision rules (dedup/rules.go): how a
 // route's rule reads, and what it decides for one record now.
-
-// dbClock returns the database's clock, on which the sidecar measures
-// windows and refreshes (not the local one, which may be skewed). A
-// variable so that tests can stop it exactly at a boundary.
-var dbClock = func(ctx context.Context, s *dedup.Store) (time.Time, error) {
-	var now time.Time
-	if err := s.Pool().QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-		return time.Time{}, fmt.Errorf("postgres: reading the clock: %w", err)
-	}
-	return now, nil
-}
 
 // exact prints a time to the microsecond (whole seconds as RFC 3339):
 // windows and refreshes are decided to the microsecond.
@@ -52,9 +41,9 @@ func describeRule(r *config.Route, rule dedup.Rule) string {
 	return s
 }
 
-// refreshJSON is what refresh_after makes of a record whose content equals
+// Refresh is what refresh_after makes of a record whose content equals
 // the stored content.
-type refreshJSON struct {
+type Refresh struct {
 	After string `json:"after"` // refresh_after
 	// LastForwarded is when the identity was last forwarded (a refresh
 	// included), and DueAfter that time plus refresh_after: an equal
@@ -64,8 +53,8 @@ type refreshJSON struct {
 	Refreshed     bool      `json:"refreshed"`
 }
 
-// windowJSON is a window-mode id's window.
-type windowJSON struct {
+// Window is a window-mode id's window.
+type Window struct {
 	Window  string `json:"window"`
 	Sliding bool   `json:"sliding"`
 	// ExpiresAt is the stored expiry; Expired that it is not after now (the
@@ -81,8 +70,8 @@ type windowJSON struct {
 type verdict struct {
 	decision dedup.Decision
 	reason   string
-	refresh  *refreshJSON
-	window   *windowJSON
+	refresh  *Refresh
+	window   *Window
 }
 
 // judge decides a valid record (its digest d; its version in version mode)
@@ -126,13 +115,13 @@ func judgeLastSeen(rule dedup.Rule, st *dedup.State, d canon.Digest, now time.Ti
 
 // refreshOf is refresh_after's verdict at now on an identity last
 // forwarded at last: refreshed iff now - last > refresh_after (strictly).
-func refreshOf(rule dedup.Rule, last, now time.Time) *refreshJSON {
-	return &refreshJSON{After: rule.RefreshAfter.String(), LastForwarded: last.UTC(), DueAfter: last.Add(rule.RefreshAfter).UTC(),
+func refreshOf(rule dedup.Rule, last, now time.Time) *Refresh {
+	return &Refresh{After: rule.RefreshAfter.String(), LastForwarded: last.UTC(), DueAfter: last.Add(rule.RefreshAfter).UTC(),
 		Refreshed: now.Sub(last) > rule.RefreshAfter}
 }
 
 func judgeWindow(rule dedup.Rule, st *dedup.State, d canon.Digest, now time.Time) verdict {
-	wj := &windowJSON{Window: rule.Window.String(), Sliding: rule.Sliding}
+	wj := &Window{Window: rule.Window.String(), Sliding: rule.Sliding}
 	fresh := now.Add(rule.Window).UTC()
 	if st == nil {
 		wj.NewExpiry = &fresh
@@ -202,7 +191,7 @@ func wouldBe(d dedup.Decision) string {
 // states returns the identity's state in mode's table (own; nil: none) and,
 // when another mode's table holds a more recent one (the service changed
 // mode), that one too.
-func (ex *explainer) states(ctx context.Context, service string, identity []byte, mode dedup.Mode) (own, other *dedup.State, err error) {
+func (ex *Explainer) states(ctx context.Context, service string, identity []byte, mode dedup.Mode) (own, other *dedup.State, err error) {
 	latest, err := ex.store.Get(ctx, service, identity)
 	switch {
 	case errors.Is(err, dedup.ErrNotFound):

@@ -1,4 +1,4 @@
-package main
+package explain
 
 import (
 	"bytes"
@@ -6,24 +6,95 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/pipeline"
 )
 
-// explainer answers dam explain from the configuration, the store and
-// Kafka.
-type explainer struct {
-	cfg      config.Config
+// Route is a route as the sidecar runs it: its configuration, its rule,
+// and how it reads a record's identity, version and digest.
+// pipeline.Route satisfies it.
+type Route interface {
+	// Config returns the route's validated configuration.
+	Config() config.Route
+	// Rule returns the decision rule the route's batches carry.
+	Rule() dedup.Rule
+	// Identify returns a record's identity (its entity, or in window mode
+	// its message id), its version (version mode) and its digest, or why
+	// the record is bad input.
+	Identify(rec *kgo.Record) (identity []byte, version int64, digest canon.Digest, err error)
+	// Entity returns a record's identity alone, from its key or a header
+	// even when its value is bad input.
+	Entity(rec *kgo.Record) ([]byte, error)
+}
+
+// Explainer answers why records of one consumer group were, or would be,
+// forwarded or dropped. It changes nothing. It is safe for concurrent use.
+type Explainer struct {
 	store    *dedup.Store
-	kafka    *kafkaReader
+	kafka    *kgo.Client
+	group    string
 	lookback int64
+	clock    func(context.Context) (time.Time, error)
+}
+
+// Option configures an Explainer.
+type Option func(*Explainer)
+
+// DefaultLookback is how many input records before an offset Offset reads
+// by default.
+const DefaultLookback = 10000
+
+// WithLookback sets how many input records before an offset Offset reads
+// to find the content a record repeated or changed (default
+// DefaultLookback).
+func WithLookback(n int64) Option { return func(e *Explainer) { e.lookback = max(n, 0) } }
+
+// WithClock replaces the clock that windows and refreshes are measured on,
+// by default the database's (the sidecar's clock): to explain as of a
+// given time.
+func WithClock(now func(context.Context) (time.Time, error)) Option {
+	return func(e *Explainer) { e.clock = now }
+}
+
+// New returns an Explainer over the store, and over Kafka through kafka:
+// its options (brokers, TLS, SASL) also make the clients that read a
+// partition's records, read_committed as the sidecar reads them. group is
+// the consumer group whose progress, decision log and committed offsets
+// Offset reads. The caller keeps kafka and closes it.
+func New(store *dedup.Store, kafka *kgo.Client, group string, opts ...Option) *Explainer {
+	e := &Explainer{store: store, kafka: kafka, group: group, lookback: DefaultLookback}
+	e.clock = e.dbClock
+	for _, o := range opts {
+		o(e)
+	}
+	return e
+}
+
+// dbClock returns the database's clock, on which the sidecar measures
+// windows and refreshes (not the local one, which may be skewed).
+func (e *Explainer) dbClock(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	if err := e.store.Pool().QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return time.Time{}, fmt.Errorf("postgres: reading the clock: %w", err)
+	}
+	return now, nil
+}
+
+// ShowEntity shows an identity as text when it is printable text, else as
+// "hex:" and its hex form.
+func ShowEntity(e []byte) string {
+	if utf8.Valid(e) && strconv.CanBackquote(string(e)) {
+		return string(e)
+	}
+	return "hex:" + hex.EncodeToString(e)
 }
 
 // routeHasher is a service's hashing: its route's options or the
@@ -45,41 +116,28 @@ func (r routeHasher) describe() string {
 	return s + fmt.Sprintf(", max_depth %d, max_size %d", r.route.MaxDepth, r.route.MaxSize)
 }
 
-// hasher returns service's hashing (routes are validated by Load, so the
-// options are valid).
-func (ex *explainer) hasher(service string) routeHasher {
-	for i := range ex.cfg.Routes {
-		r := &ex.cfg.Routes[i]
-		if r.Service != service {
-			continue
-		}
-		f, _ := canon.ParseFormat(r.Format)
-		h, err := canon.New(canon.WithFormat(f), canon.WithIgnore(r.Ignore...), canon.WithMaxDepth(r.MaxDepth), canon.WithMaxSize(r.MaxSize))
-		if err != nil {
-			panic(fmt.Sprintf("route %s validated but its hasher fails: %v", r.Service, err))
-		}
-		return routeHasher{Hasher: h, route: r, maxSize: r.MaxSize}
+// hasherOf returns a route's hashing (r nil: canon's defaults). Routes
+// come from a validated configuration, so their options are valid.
+func hasherOf(r Route) routeHasher {
+	if r == nil {
+		h, _ := canon.New()
+		return routeHasher{Hasher: h, maxSize: canon.DefaultMaxSize}
 	}
-	h, _ := canon.New()
-	return routeHasher{Hasher: h, maxSize: canon.DefaultMaxSize}
-}
-
-// compile compiles a route as the sidecar runs it (identity, version and
-// digest of a record; its rule).
-func compile(r *config.Route) (*pipeline.Route, error) {
-	c, err := pipeline.CompileRoute(*r)
+	rc := r.Config()
+	f, _ := canon.ParseFormat(rc.Format)
+	h, err := canon.New(canon.WithFormat(f), canon.WithIgnore(rc.Ignore...), canon.WithMaxDepth(rc.MaxDepth), canon.WithMaxSize(rc.MaxSize))
 	if err != nil {
-		return nil, fmt.Errorf("route %s: %w", r.Service, err)
+		panic(fmt.Sprintf("route %s validated but its hasher fails: %v", rc.Service, err))
 	}
-	return c, nil
+	return routeHasher{Hasher: h, route: &rc, maxSize: rc.MaxSize}
 }
 
-// storedJSON is a stored state, in any mode's table.
-type storedJSON struct {
-	Mode      string      `json:"mode"`
-	Digest    string      `json:"digest"`
-	UpdatedAt time.Time   `json:"updated_at"` // when the identity was last forwarded
-	Source    *sourceJSON `json:"source"`     // null: set by a check (dam serve, dedup.Check)
+// Stored is a stored state, in any mode's table, as explanations show it.
+type Stored struct {
+	Mode      string    `json:"mode"`
+	Digest    string    `json:"digest"`
+	UpdatedAt time.Time `json:"updated_at"` // when the identity was last forwarded
+	Source    *Source   `json:"source"`     // null: set by a check (dam serve, dedup.Check)
 	// Version is the highest version forwarded (version mode).
 	Version *int64 `json:"version,omitempty"`
 	// ExpiresAt is when the id expires (window mode): it reads as absent
@@ -87,22 +145,24 @@ type storedJSON struct {
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 }
 
-type sourceJSON struct {
+// Source is the input record that set a stored state.
+type Source struct {
 	Topic     string `json:"topic"`
 	Partition int32  `json:"partition"`
 	Offset    int64  `json:"offset"`
 }
 
-func (s sourceJSON) String() string { return fmt.Sprintf("%s/%d@%d", s.Topic, s.Partition, s.Offset) }
+// String returns topic/partition@offset.
+func (s Source) String() string { return fmt.Sprintf("%s/%d@%d", s.Topic, s.Partition, s.Offset) }
 
-// storedOf returns st as JSON, nil for nil.
-func storedOf(st *dedup.State) *storedJSON {
+// StoredOf returns st as explanations show it, nil for nil.
+func StoredOf(st *dedup.State) *Stored {
 	if st == nil {
 		return nil
 	}
-	out := &storedJSON{Mode: st.Mode.String(), Digest: st.Digest.String(), UpdatedAt: st.UpdatedAt.UTC()}
+	out := &Stored{Mode: st.Mode.String(), Digest: st.Digest.String(), UpdatedAt: st.UpdatedAt.UTC()}
 	if st.Topic != "" {
-		out.Source = &sourceJSON{Topic: st.Topic, Partition: st.Partition, Offset: st.Offset}
+		out.Source = &Source{Topic: st.Topic, Partition: st.Partition, Offset: st.Offset}
 	}
 	switch st.Mode {
 	case dedup.Version:
@@ -115,7 +175,8 @@ func storedOf(st *dedup.State) *storedJSON {
 	return out
 }
 
-func (s *storedJSON) describe() string {
+// String describes the stored state in a line, or its absence for nil.
+func (s *Stored) String() string {
 	if s == nil {
 		return "none: its next valid record is forwarded (a new identity, or reset, pruned or expired since)"
 	}
@@ -135,8 +196,9 @@ func (s *storedJSON) describe() string {
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
-// payloadExplanation answers `dam explain SERVICE ENTITY [PAYLOAD]`.
-type payloadExplanation struct {
+// PayloadExplanation answers whether a record would be forwarded now, and
+// why (Explainer.Payload).
+type PayloadExplanation struct {
 	Service string `json:"service"`
 	// Entity is the identity: the entity, or in window mode the message id.
 	Entity    string `json:"entity"`
@@ -150,9 +212,9 @@ type payloadExplanation struct {
 	// Stored is the state in the route's mode's table; OtherMode a more
 	// recent one in another mode's table, when the service changed mode
 	// (ModeChange says so).
-	Stored     *storedJSON `json:"stored"`
-	OtherMode  *storedJSON `json:"other_mode,omitempty"`
-	ModeChange string      `json:"mode_change,omitempty"`
+	Stored     *Stored `json:"stored"`
+	OtherMode  *Stored `json:"other_mode,omitempty"`
+	ModeChange string  `json:"mode_change,omitempty"`
 	// Digest, Version, Decision and Reason answer for the payload, when one
 	// is given: Decision is forward, refresh, duplicate, stale or invalid
 	// (bad input).
@@ -162,38 +224,64 @@ type payloadExplanation struct {
 	Reason   string `json:"reason"`
 	// Refresh (last-seen with refresh_after) and Window (window mode) are
 	// the rule's figures behind the decision.
-	Refresh    *refreshJSON `json:"refresh,omitempty"`
-	Window     *windowJSON  `json:"window,omitempty"`
-	Difference *difference  `json:"difference,omitempty"`
+	Refresh    *Refresh    `json:"refresh,omitempty"`
+	Window     *Window     `json:"window,omitempty"`
+	Difference *Difference `json:"difference,omitempty"`
 	// StoredContent says what became of the stored content when it could
 	// not be compared: "no longer readable: ...".
 	StoredContent string `json:"stored_content,omitempty"`
 }
 
-func (ex *explainer) payload(ctx context.Context, service string, entity, payload []byte, hasPayload bool, headers []kgo.RecordHeader) (*payloadExplanation, error) {
-	h := ex.hasher(service)
-	var route *pipeline.Route
+// Query asks whether a record would be forwarded now (Explainer.Payload).
+type Query struct {
+	// Route is the service's route; nil when the configuration has none:
+	// its records are explained as dam serve's checks decide them
+	// (last-seen, canon's default hashing).
+	Route Route
+	// Service is the route's service (or, without a route, a service that
+	// has stored state).
+	Service string
+	// Entity is the identity: the entity, or in window mode the message id.
+	Entity []byte
+	// Value is the payload, when HasValue; without one the explanation is
+	// the stored state and what the rule makes of it.
+	Value    []byte
+	HasValue bool
+	// Headers are the payload record's headers (a version or an id read
+	// from a header). The record's key is Entity and, when the route reads
+	// its identity from a header missing here, so is that header.
+	Headers []kgo.RecordHeader
+}
+
+// Payload explains whether q's record would be forwarded now: the stored
+// state in the route's mode, the record's digest under the route's
+// options, the decision of the route's rule and its reason, and where the
+// content differs from the stored content (read back from Kafka at its
+// source offset). It changes nothing.
+//
+// Errors: ErrUnknownService when q has no route and the service no stored
+// state; ErrOtherIdentity when the payload's identity is not q.Entity.
+func (ex *Explainer) Payload(ctx context.Context, q Query) (*PayloadExplanation, error) {
+	service, entity, payload, hasPayload, headers := q.Service, q.Entity, q.Value, q.HasValue, q.Headers
+	h := hasherOf(q.Route)
+	route := q.Route
 	var rule dedup.Rule // without a route: last-seen, as dam serve's checks
-	if h.route == nil {
+	if route == nil {
 		n, err := ex.store.Count(ctx, service)
 		if err != nil {
 			return nil, err
 		}
 		if n == 0 {
-			return nil, usagef("unknown service %q: no route of the configuration has it and no state is stored for it", service)
+			return nil, fmt.Errorf("%w %q: no route of the configuration has it and no state is stored for it", ErrUnknownService, service)
 		}
 	} else {
-		var err error
-		if route, err = compile(h.route); err != nil {
-			return nil, err
-		}
 		rule = route.Rule()
 	}
-	now, err := dbClock(ctx, ex.store)
+	now, err := ex.clock(ctx)
 	if err != nil {
 		return nil, err
 	}
-	res := &payloadExplanation{Service: service, Entity: showEntity(entity), EntityHex: hex.EncodeToString(entity),
+	res := &PayloadExplanation{Service: service, Entity: ShowEntity(entity), EntityHex: hex.EncodeToString(entity),
 		Mode: rule.Mode.String(), Rule: describeRule(h.route, rule), Hashing: h.describe(), Now: now.UTC()}
 
 	// The payload's digest, and version, as the sidecar reads them.
@@ -205,8 +293,8 @@ func (ex *explainer) payload(ctx context.Context, service string, entity, payloa
 			var id []byte
 			id, version, d, bad = route.Identify(payloadRecord(h.route, entity, payload, headers))
 			if bad == nil && !bytes.Equal(id, entity) {
-				return nil, usagef("the payload's identity (%s) is %q, not ENTITY %q: explain it with that identity",
-					identitySource(h.route), showEntity(id), showEntity(entity))
+				return nil, fmt.Errorf("%w: the payload's identity (%s) is %q, not %q: explain it with that identity",
+					ErrOtherIdentity, identitySource(h.route), ShowEntity(id), ShowEntity(entity))
 			}
 		} else {
 			d, bad = h.Sum(payload)
@@ -217,7 +305,7 @@ func (ex *explainer) payload(ctx context.Context, service string, entity, payloa
 	if err != nil {
 		return nil, err
 	}
-	res.Stored, res.OtherMode = storedOf(own), storedOf(other)
+	res.Stored, res.OtherMode = StoredOf(own), StoredOf(other)
 	res.ModeChange = modeChange(rule.Mode, own, other, h.route != nil)
 	storedValue, unreadable := ex.storedContent(ctx, h, res.Stored)
 
@@ -273,7 +361,7 @@ func (ex *explainer) payload(ctx context.Context, service string, entity, payloa
 
 // withoutPayload says what the rule makes of the stored state alone, and
 // fills res's rule figures.
-func (ex *explainer) withoutPayload(rule dedup.Rule, own *dedup.State, now time.Time, res *payloadExplanation) string {
+func (ex *Explainer) withoutPayload(rule dedup.Rule, own *dedup.State, now time.Time, res *PayloadExplanation) string {
 	switch {
 	case rule.Mode == dedup.Window:
 		// The content does not count: a record with this id is decided now
@@ -334,7 +422,7 @@ const kafkaTimeout = 10 * time.Second
 
 // storedContent reads the value that set the stored digest back from
 // Kafka; without it, it says why ("no longer readable: ...").
-func (ex *explainer) storedContent(ctx context.Context, h routeHasher, st *storedJSON) ([]byte, string) {
+func (ex *Explainer) storedContent(ctx context.Context, h routeHasher, st *Stored) ([]byte, string) {
 	if st == nil {
 		return nil, ""
 	}
@@ -345,11 +433,11 @@ func (ex *explainer) storedContent(ctx context.Context, h routeHasher, st *store
 	// --timeout on it when the brokers do not answer.
 	ctx, cancel := context.WithTimeout(ctx, kafkaTimeout)
 	defer cancel()
-	b, err := ex.kafka.bounds(ctx, "", st.Source.Topic, st.Source.Partition)
+	b, err := ex.bounds(ctx, "", st.Source.Topic, st.Source.Partition)
 	if err != nil {
 		return nil, "stored content no longer readable: " + err.Error()
 	}
-	rec, err := ex.kafka.readOne(ctx, st.Source.Topic, st.Source.Partition, st.Source.Offset, b)
+	rec, err := ex.readOne(ctx, st.Source.Topic, st.Source.Partition, st.Source.Offset, b)
 	if err != nil {
 		return nil, "stored content no longer readable: " + err.Error()
 	}
