@@ -221,7 +221,10 @@ type PayloadExplanation struct {
 	Digest   string `json:"digest,omitempty"`
 	Version  *int64 `json:"version,omitempty"` // version mode: the payload's version
 	Decision string `json:"decision,omitempty"`
-	Reason   string `json:"reason"`
+	// Cause names the branch of the rule that decided (dedup.Cause: e.g.
+	// changed, unchanged, refresh-due, in-window, older).
+	Cause  string `json:"cause,omitempty"`
+	Reason string `json:"reason"`
 	// Refresh (last-seen with refresh_after) and Window (window mode) are
 	// the rule's figures behind the decision.
 	Refresh    *Refresh    `json:"refresh,omitempty"`
@@ -334,7 +337,7 @@ func (ex *Explainer) Payload(ctx context.Context, q Query) (*PayloadExplanation,
 		res.Version = &version
 	}
 	v := judge(rule, own, d, version, now)
-	res.Decision, res.Reason, res.Refresh, res.Window = v.decision.String(), v.reason, v.refresh, v.window
+	res.Decision, res.Cause, res.Reason, res.Refresh, res.Window = v.decision.String(), v.cause.String(), v.reason, v.refresh, v.window
 	if h.route != nil && h.route.Shadow && !v.decision.Forwards() {
 		res.Reason += "; the route is in shadow mode: forwarded anyway, marked dam-duplicate: true"
 	}

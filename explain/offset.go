@@ -430,12 +430,12 @@ func (x *offsetCase) forwardWindow(ctx context.Context, at time.Time, known bool
 				lf.Offset, exact(lf.LoggedAt), rule.Window)
 			return
 		}
-		end := lf.LoggedAt.Add(rule.Window).UTC()
+		end := windowOpened(rule, lf.LoggedAt).UTC()
 		res.Window.ExpiresAt, res.Window.Expired = &end, true
 		res.Reason += fmt.Sprintf(": the id was last forwarded from offset %d at %s, and that window ended at %s", lf.Offset, exact(lf.LoggedAt), exact(end))
 		if known {
 			res.Reason += fmt.Sprintf("; this record was decided at %s", exact(at))
-			if at.Before(end) {
+			if inWindow(rule, end, at) {
 				res.Window.Expired = false
 				res.Reason += ", before that end: the id was reset in between"
 			}
@@ -463,7 +463,7 @@ func (x *offsetCase) forwardVersion(ctx context.Context) {
 	switch {
 	case !w.exact:
 		res.Reason = fmt.Sprintf("forwarded: its version %d is above %d, the highest earlier version of this entity in the input read (offset %d)", v, w.version, w.ref.Offset)
-	case v > w.version:
+	case versionCause(v, w.version) == dedup.CauseNewer:
 		res.Reason = fmt.Sprintf("forwarded: its version %d is above the version %d stored when it was decided, forwarded from offset %d at %s", v, w.version, w.ref.Offset, stamp(w.ref.At))
 	default:
 		res.Reason = fmt.Sprintf("forwarded although its version %d is not above the version %d forwarded from offset %d: its state was reset or pruned in between", v, w.version, w.ref.Offset)
@@ -590,7 +590,7 @@ func (x *offsetCase) duplicateWindow(ctx context.Context) {
 	res.DuplicateOf = fwd
 	kind := "sliding, extended by each repeat"
 	if !rule.Sliding {
-		end := fwd.At.Add(rule.Window)
+		end := windowOpened(rule, fwd.At)
 		res.Window.ExpiresAt = &end
 		kind = "fixed, until " + exact(end)
 	}
@@ -651,8 +651,12 @@ func (x *offsetCase) versionBefore(ctx context.Context) (versionWitness, bool) {
 func (x *offsetCase) notForwardedVersion(ctx context.Context, logged bool) {
 	res, v := x.res, x.cur.version
 	w, ok := x.versionBefore(ctx)
+	var c dedup.Cause // what the rule makes of v against the version stored then
+	if ok {
+		c = versionCause(v, w.version)
+	}
 	switch {
-	case ok && v < w.version:
+	case c == dedup.CauseOlder:
 		res.Decision, res.StaleAgainst = dedup.Stale.String(), w.ref
 		if w.ref.From == "kafka" && !w.exact {
 			res.Reason = fmt.Sprintf("stale: its version %d is below version %d of the earlier record at offset %d, so below the version stored when it was decided: an out-of-order update",
@@ -662,7 +666,7 @@ func (x *offsetCase) notForwardedVersion(ctx context.Context, logged bool) {
 				v, w.version, w.ref.Offset, stamp(w.ref.At))
 		}
 		return
-	case ok && w.exact && v == w.version:
+	case w.exact && c == dedup.CauseSameVersion:
 		res.Decision, res.DuplicateOf = dedup.Duplicate.String(), w.ref
 		res.Reason = fmt.Sprintf("duplicate: its version %d equals the version stored when it was decided, forwarded from offset %d at %s; a repeated version is a duplicate whatever its content",
 			v, w.ref.Offset, stamp(w.ref.At))
@@ -681,7 +685,7 @@ func (x *offsetCase) notForwardedVersion(ctx context.Context, logged bool) {
 	case !ok:
 		res.Reason += fmt.Sprintf("the version stored when it was decided is gone (the state has moved on, the decision log holds no forward of this entity before it, and the input read, [%d, %d), holds no earlier version of it)",
 			x.lo, res.Offset)
-	case v == w.version:
+	case c == dedup.CauseSameVersion:
 		res.DuplicateOf = w.ref
 		res.Reason += fmt.Sprintf("its version %d equals the highest earlier version in the input read (offset %d), but a higher one may have been stored from before offset %d (--lookback)",
 			v, w.ref.Offset, x.lo)
@@ -713,10 +717,10 @@ func (x *offsetCase) unknown(ctx context.Context) {
 		switch {
 		case !ok:
 			res.Reason += fmt.Sprintf("; the input read before it, [%d, %d), holds no earlier version of this entity: it was probably forwarded, its first version%s", x.lo, res.Offset, x.unread(" (unless an earlier one is ", ")"))
-		case v > w.version:
+		case versionCause(v, w.version) == dedup.CauseNewer:
 			res.Previous = w.ref
 			res.Reason += fmt.Sprintf("; the input before it suggests it was forwarded: its version %d is above every earlier version there (the highest, %d, at offset %d)", v, w.version, w.ref.Offset)
-		case v == w.version:
+		case versionCause(v, w.version) == dedup.CauseSameVersion:
 			res.DuplicateOf = w.ref
 			res.Reason += fmt.Sprintf("; the input before it suggests a duplicate of version %d at offset %d (unless a higher version was stored from elsewhere: then stale)", v, w.ref.Offset)
 		default:

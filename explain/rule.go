@@ -69,6 +69,7 @@ type Window struct {
 // verdict is what a rule decides for one record now, and why.
 type verdict struct {
 	decision dedup.Decision
+	cause    dedup.Cause
 	reason   string
 	refresh  *Refresh
 	window   *Window
@@ -76,92 +77,123 @@ type verdict struct {
 
 // judge decides a valid record (its digest d; its version in version mode)
 // against st, the identity's state in the rule's own table (nil: none), at
-// now, as dedup's rules do; it changes nothing. A zero d (no payload) leaves
-// the content out of the reasons.
+// now, with the rule the sidecar runs (dedup.Rule.Decide), and words its
+// cause; it changes nothing. A zero d (no payload) leaves the content out
+// of the reasons.
 func judge(rule dedup.Rule, st *dedup.State, d canon.Digest, version int64, now time.Time) verdict {
+	var prev dedup.Stored
+	if st != nil {
+		prev = st.Stored()
+	}
+	o := rule.Decide(prev, d, version, now)
+	v := verdict{decision: o.Decision, cause: o.Cause}
 	switch rule.Mode {
 	case dedup.Window:
-		return judgeWindow(rule, st, d, now)
+		v.reason, v.window = windowReason(rule, prev, o, d, now)
 	case dedup.Version:
-		return judgeVersion(st, d, version)
+		v.reason = versionReason(prev, o, d, version)
+	default:
+		v.reason, v.refresh = lastSeenReason(rule, prev, o, d, now)
 	}
-	return judgeLastSeen(rule, st, d, now)
+	return v
 }
 
-func judgeLastSeen(rule dedup.Rule, st *dedup.State, d canon.Digest, now time.Time) verdict {
-	switch {
-	case st == nil:
-		return verdict{decision: dedup.Forward, reason: "no stored state for this identity: its next record is forwarded"}
-	case st.Digest != d:
-		v := verdict{decision: dedup.Forward, reason: "its digest differs from the stored digest"}
-		if st.Digest.Scheme() != d.Scheme() {
-			v.reason += fmt.Sprintf(" (stored with hash scheme %d, the route now hashes with scheme %d: its format changed)", st.Digest.Scheme(), d.Scheme())
+func lastSeenReason(rule dedup.Rule, prev dedup.Stored, o dedup.Outcome, d canon.Digest, now time.Time) (string, *Refresh) {
+	switch o.Cause {
+	case dedup.CauseNoState:
+		return "no stored state for this identity: its next record is forwarded", nil
+	case dedup.CauseChanged:
+		reason := "its digest differs from the stored digest"
+		if prev.Digest.Scheme() != d.Scheme() {
+			reason += fmt.Sprintf(" (stored with hash scheme %d, the route now hashes with scheme %d: its format changed)", prev.Digest.Scheme(), d.Scheme())
 		}
-		return v
-	case rule.RefreshAfter <= 0:
-		return verdict{decision: dedup.Duplicate, reason: "its digest equals the stored digest: the same content as the record last forwarded"}
+		return reason, nil
 	}
-	rj := refreshOf(rule, st.UpdatedAt, now)
-	age := now.Sub(st.UpdatedAt)
-	if rj.Refreshed {
-		return verdict{decision: dedup.Refresh, refresh: rj, reason: fmt.Sprintf(
-			"its content equals the stored content, but the identity was last forwarded %s ago (at %s), longer than refresh_after %s: refreshed (forwarded)",
-			age, exact(st.UpdatedAt), rule.RefreshAfter)}
+	if rule.RefreshAfter <= 0 {
+		return "its digest equals the stored digest: the same content as the record last forwarded", nil
 	}
-	return verdict{decision: dedup.Duplicate, refresh: rj, reason: fmt.Sprintf(
-		"its digest equals the stored digest: the same content as the record last forwarded, %s ago (at %s); not refreshed: refresh_after %s, so an equal record is refreshed only once decided after %s",
-		age, exact(st.UpdatedAt), rule.RefreshAfter, exact(rj.DueAfter))}
+	rj := refreshOf(rule, prev.Forwarded, now)
+	age := now.Sub(prev.Forwarded)
+	if o.Cause == dedup.CauseRefreshDue {
+		return fmt.Sprintf("its content equals the stored content, but the identity was last forwarded %s ago (at %s), longer than refresh_after %s: refreshed (forwarded)",
+			age, exact(prev.Forwarded), rule.RefreshAfter), rj
+	}
+	return fmt.Sprintf("its digest equals the stored digest: the same content as the record last forwarded, %s ago (at %s); not refreshed: refresh_after %s, so an equal record is refreshed only once decided after %s",
+		age, exact(prev.Forwarded), rule.RefreshAfter, exact(rj.DueAfter)), rj
 }
 
-// refreshOf is refresh_after's verdict at now on an identity last
-// forwarded at last: refreshed iff now - last > refresh_after (strictly).
+// refreshOf is what refresh_after makes, at now, of a record equal to the
+// content of an identity last forwarded at last: the rule decides whether
+// it is refreshed; DueAfter is the boundary Rule.RefreshAfter documents.
 func refreshOf(rule dedup.Rule, last, now time.Time) *Refresh {
+	same := canon.Tombstone // any content: the record's equals the stored one
+	o := rule.Decide(dedup.Stored{Found: true, Digest: same, Forwarded: last}, same, 0, now)
 	return &Refresh{After: rule.RefreshAfter.String(), LastForwarded: last.UTC(), DueAfter: last.Add(rule.RefreshAfter).UTC(),
-		Refreshed: now.Sub(last) > rule.RefreshAfter}
+		Refreshed: o.Cause == dedup.CauseRefreshDue}
 }
 
-func judgeWindow(rule dedup.Rule, st *dedup.State, d canon.Digest, now time.Time) verdict {
+func windowReason(rule dedup.Rule, prev dedup.Stored, o dedup.Outcome, d canon.Digest, now time.Time) (string, *Window) {
 	wj := &Window{Window: rule.Window.String(), Sliding: rule.Sliding}
-	fresh := now.Add(rule.Window).UTC()
-	if st == nil {
-		wj.NewExpiry = &fresh
-		return verdict{decision: dedup.Forward, window: wj, reason: fmt.Sprintf(
-			"the id was not seen within the window (no stored state): forwarded, its window lasting until %s", exact(fresh))}
+	if prev.Found {
+		exp := prev.Expires.UTC()
+		wj.ExpiresAt = &exp
 	}
-	exp := st.ExpiresAt.UTC()
-	wj.ExpiresAt = &exp
-	if !now.Before(st.ExpiresAt) {
-		wj.Expired, wj.NewExpiry = true, &fresh
-		return verdict{decision: dedup.Forward, window: wj, reason: fmt.Sprintf(
-			"the id's window ended at %s (now is %s; it was forwarded at %s): an expired id reads as absent, deleted or not by the cleanup, so it is forwarded afresh, its window lasting until %s",
-			exact(exp), exact(now), exact(st.UpdatedAt), exact(fresh))}
+	// The rule sets a new expiry when it forwards, and on a sliding repeat.
+	if fresh := o.State.Expires.UTC(); !o.State.Expires.Equal(prev.Expires) {
+		wj.NewExpiry = &fresh
+	}
+	switch o.Cause {
+	case dedup.CauseNoState:
+		return fmt.Sprintf("the id was not seen within the window (no stored state): forwarded, its window lasting until %s", exact(o.State.Expires)), wj
+	case dedup.CauseExpired:
+		wj.Expired = true
+		return fmt.Sprintf("the id's window ended at %s (now is %s; it was forwarded at %s): an expired id reads as absent, deleted or not by the cleanup, so it is forwarded afresh, its window lasting until %s",
+			exact(prev.Expires), exact(now), exact(prev.Forwarded), exact(o.State.Expires)), wj
 	}
 	reason := fmt.Sprintf("the id was forwarded at %s and its window lasts until %s (now is %s): a repeated id inside the window is a duplicate whatever its content",
-		exact(st.UpdatedAt), exact(exp), exact(now))
+		exact(prev.Forwarded), exact(prev.Expires), exact(now))
 	if !d.IsZero() {
-		reason += " (" + contentNote(st.Digest, d) + ")"
+		reason += " (" + contentNote(prev.Digest, d) + ")"
 	}
-	if rule.Sliding {
-		wj.NewExpiry = &fresh
-		reason += fmt.Sprintf("; sliding: this repeat extends the window to %s", exact(fresh))
+	if wj.NewExpiry != nil {
+		reason += fmt.Sprintf("; sliding: this repeat extends the window to %s", exact(*wj.NewExpiry))
 	}
-	return verdict{decision: dedup.Duplicate, window: wj, reason: reason}
+	return reason, wj
 }
 
-func judgeVersion(st *dedup.State, d canon.Digest, version int64) verdict {
-	switch {
-	case st == nil:
-		return verdict{decision: dedup.Forward, reason: fmt.Sprintf("no version stored for this entity: its first version (%d) is forwarded, whatever it is", version)}
-	case version > st.Version:
-		return verdict{decision: dedup.Forward, reason: fmt.Sprintf("its version %d is above the stored version %d", version, st.Version)}
-	case version == st.Version:
-		reason := fmt.Sprintf("its version %d equals the stored version %d: a repeated version is a duplicate whatever its content", version, st.Version)
+func versionReason(prev dedup.Stored, o dedup.Outcome, d canon.Digest, version int64) string {
+	switch o.Cause {
+	case dedup.CauseNoState:
+		return fmt.Sprintf("no version stored for this entity: its first version (%d) is forwarded, whatever it is", version)
+	case dedup.CauseNewer:
+		return fmt.Sprintf("its version %d is above the stored version %d", version, prev.Version)
+	case dedup.CauseSameVersion:
+		reason := fmt.Sprintf("its version %d equals the stored version %d: a repeated version is a duplicate whatever its content", version, prev.Version)
 		if !d.IsZero() {
-			reason += " (" + contentNote(st.Digest, d) + ")"
+			reason += " (" + contentNote(prev.Digest, d) + ")"
 		}
-		return verdict{decision: dedup.Duplicate, reason: reason}
+		return reason
 	}
-	return verdict{decision: dedup.Stale, reason: fmt.Sprintf("its version %d is below the stored version %d: an out-of-order update", version, st.Version)}
+	return fmt.Sprintf("its version %d is below the stored version %d: an out-of-order update", version, prev.Version)
+}
+
+// windowOpened is when the window that a forward at t opens ends: the
+// rule's, asked to forward a new id at t.
+func windowOpened(rule dedup.Rule, t time.Time) time.Time {
+	return rule.Decide(dedup.Stored{}, canon.Tombstone, 0, t).State.Expires
+}
+
+// inWindow reports whether a record decided at t finds an id whose window
+// ends at end still open: the rule's comparison.
+func inWindow(rule dedup.Rule, end, t time.Time) bool {
+	return rule.Decide(dedup.Stored{Found: true, Expires: end}, canon.Tombstone, 0, t).Cause == dedup.CauseInWindow
+}
+
+// versionCause is what the version rule makes of version v when version
+// stored is stored: newer (forwarded), the same (a duplicate) or older
+// (stale).
+func versionCause(v, stored int64) dedup.Cause {
+	return dedup.Rule{Mode: dedup.Version}.Decide(dedup.Stored{Found: true, Version: stored}, canon.Tombstone, v, time.Time{}).Cause
 }
 
 // contentNote compares a record's content with the forwarded record's,
