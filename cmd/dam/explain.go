@@ -122,11 +122,7 @@ says which.`,
 				return fmt.Errorf("kafka: %w", err)
 			}
 			defer kc.Close()
-			opts := []explain.Option{explain.WithLookback(lookback)}
-			if explainClock != nil {
-				opts = append(opts, explain.WithClock(explainClock))
-			}
-			ex := explain.New(store, kc, cfg.Kafka.Group, opts...)
+			ex := explain.New(store, kc, cfg.Kafka.Group, explain.WithLookback(lookback))
 			out := cmd.OutOrStdout()
 			if byOffset {
 				res, err := ex.Offset(ctx, route, partition, offset)
@@ -178,9 +174,6 @@ says which.`,
 	addOutputFlag(cmd)
 	return cmd
 }
-
-// explainClock, when set, stops dam explain's clock (tests).
-var explainClock func(context.Context) (time.Time, error)
 
 // routeOf compiles service's route as the sidecar runs it; nil when the
 // configuration has none (explained as dam serve's checks decide).
