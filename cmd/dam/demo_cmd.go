@@ -1,25 +1,23 @@
 package main
 
 import (
+	"context"
+	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/internal/demo"
+	"github.com/dam-dedup/dam/pipeline"
 )
 
-// The dam demo command: flags and wiring around runDemo.
+// The dam demo command: flags and wiring around package demo.
 
 func newDemoCmd() *cobra.Command {
-	var (
-		records  int
-		entities int
-		port     int
-		dsn      string
-		rate     int
-		delivery string
-	)
+	var o demo.Options
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the sidecar on embedded defaults (kfake broker, local PostgreSQL) and show duplicates dropping",
@@ -32,22 +30,38 @@ ends with a per-service summary checked against a reference model. Any Kafka
 client (kcat) can read the delivery topics while it runs.`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if records < 0 || entities <= 0 {
+			if o.Records < 0 || o.Entities <= 0 {
 				return usagef("--records must be >= 0 and --entities > 0")
 			}
-			if delivery != config.DeliveryAtLeastOnce && delivery != config.DeliveryExactlyOnce {
-				return usagef("--delivery: want %s or %s, got %q", config.DeliveryAtLeastOnce, config.DeliveryExactlyOnce, delivery)
+			if o.Delivery != config.DeliveryAtLeastOnce && o.Delivery != config.DeliveryExactlyOnce {
+				return usagef("--delivery: want %s or %s, got %q", config.DeliveryAtLeastOnce, config.DeliveryExactlyOnce, o.Delivery)
+			}
+			if o.DSN == "" {
+				o.DSN = os.Getenv(envPostgresDSN)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return runDemo(ctx, cmd.OutOrStdout(), demoOptions{records: records, entities: entities, port: port, dsn: dsn, rate: rate, delivery: delivery})
+			return demo.Run(ctx, cmd.OutOrStdout(), o, demoSidecar)
 		},
 	}
-	cmd.Flags().IntVar(&records, "records", 0, "input records to send, then summarise and exit (0: until Ctrl-C)")
-	cmd.Flags().IntVar(&entities, "entities", 500, "distinct bananas")
-	cmd.Flags().IntVar(&port, "port", 0, "kfake broker port on 127.0.0.1 (0: any free port)")
-	cmd.Flags().StringVar(&dsn, "dsn", "", "PostgreSQL DSN (default $DAM_POSTGRES_DSN, else the local server, else a throwaway cluster)")
-	cmd.Flags().IntVar(&rate, "rate", 0, "entity events per second (0: as fast as possible with --records, 500 without)")
-	cmd.Flags().StringVar(&delivery, "delivery", config.DeliveryAtLeastOnce, "at-least-once or exactly-once (read the delivery topics read_committed)")
+	cmd.Flags().IntVar(&o.Records, "records", 0, "input records to send, then summarise and exit (0: until Ctrl-C)")
+	cmd.Flags().IntVar(&o.Entities, "entities", 500, "distinct bananas")
+	cmd.Flags().IntVar(&o.Port, "port", 0, "kfake broker port on 127.0.0.1 (0: any free port)")
+	cmd.Flags().StringVar(&o.DSN, "dsn", "", "PostgreSQL DSN (default $DAM_POSTGRES_DSN, else the local server, else a throwaway cluster)")
+	cmd.Flags().IntVar(&o.Rate, "rate", 0, "entity events per second (0: as fast as possible with --records, 500 without)")
+	cmd.Flags().StringVar(&o.Delivery, "delivery", config.DeliveryAtLeastOnce, "at-least-once or exactly-once (read the delivery topics read_committed)")
 	return cmd
+}
+
+// demoSidecar runs dam run's sidecar for the demo, with the demo's logger
+// and pipeline options.
+func demoSidecar(ctx context.Context, cfg config.Config, reg *prometheus.Registry, started func(string), opts ...pipeline.Option) error {
+	log, err := newLogger(cfg.Log)
+	if err != nil {
+		return err
+	}
+	return runSidecar(ctx, cfg, log, reg, &sidecarHooks{
+		started:      func(_ *pipeline.Pipeline, addr string) { started(addr) },
+		pipelineOpts: opts,
+	})
 }

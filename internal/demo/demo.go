@@ -1,4 +1,8 @@
-package main
+// Package demo is dam demo: the real sidecar over four services'
+// projection topics on franz-go's in-process Kafka broker (kfake) and a
+// PostgreSQL schema of its own, fed a stream of bananas, its decisions
+// checked against a reference model. cmd/dam gives it the sidecar to run.
+package demo
 
 import (
 	"context"
@@ -7,7 +11,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/url"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -86,18 +89,40 @@ func demoServices() []demoService {
 	}
 }
 
-type demoOptions struct {
-	records, entities, port, rate int
-	dsn, delivery                 string
+// Options are dam demo's settings.
+type Options struct {
+	// Records is how many input records to send, then summarise and
+	// return (0: until ctx ends).
+	Records int
+	// Entities is how many distinct bananas change.
+	Entities int
+	// Port is the kfake broker's port on 127.0.0.1 (0: any free port).
+	Port int
+	// Rate is entity events per second (0: as fast as possible with
+	// Records, 500 without).
+	Rate int
+	// DSN is the PostgreSQL server to use ("": the local one, else a
+	// throwaway cluster started here).
+	DSN string
+	// Delivery is the sidecar's kafka.delivery.
+	Delivery string
 }
 
-func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
+// Sidecar runs the sidecar on cfg until ctx ends: dam run's, which cmd/dam
+// gives. It registers its metrics on reg, calls started with its HTTP
+// address once it runs, and adds opts to the pipeline's options.
+type Sidecar func(ctx context.Context, cfg config.Config, reg *prometheus.Registry, started func(httpAddr string), opts ...pipeline.Option) error
+
+// Run runs the demo, printing a live line and a per-service summary to
+// out; it fails when the sidecar's decisions differ from the reference
+// model.
+func Run(ctx context.Context, out io.Writer, o Options, sidecar Sidecar) error {
 	services := demoServices()
 	var topics []string
 	for _, s := range services {
 		topics = append(topics, "projections."+s.name, "delivery."+s.name, "delivery."+s.name+".dlq")
 	}
-	cluster, err := kfake.NewCluster(kfake.Ports(o.port), kfake.SeedTopics(6, topics...))
+	cluster, err := kfake.NewCluster(kfake.Ports(o.Port), kfake.SeedTopics(6, topics...))
 	if err != nil {
 		return fmt.Errorf("demo: starting kfake: %w", err)
 	}
@@ -105,7 +130,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 	broker := cluster.ListenAddrs()[0]
 	fmt.Fprintf(out, "kafka (kfake) listening on %s: e.g. kcat -b %s -C -t delivery.customer-2 -e -X isolation.level=read_committed\n", broker, broker)
 
-	dsn, cleanup, err := demoPostgres(ctx, out, o.dsn)
+	dsn, cleanup, err := demoPostgres(ctx, out, o.DSN)
 	if err != nil {
 		return err
 	}
@@ -115,7 +140,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 	cfg.Kafka.Brokers = []string{broker}
 	cfg.Kafka.Group = "dam-demo"
 	cfg.Kafka.Start = config.StartEarliest
-	cfg.Kafka.Delivery = o.delivery
+	cfg.Kafka.Delivery = o.Delivery
 	cfg.Postgres.DSN = dsn
 	cfg.HTTP.Listen = "127.0.0.1:0"
 	cfg.Log.Level = "error" // the live line counts dead letters; keep it readable
@@ -132,20 +157,14 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("demo: built an invalid configuration: %w", err)
 	}
-	log, err := newLogger(cfg.Log)
-	if err != nil {
-		return err
-	}
 	reg := prometheus.NewRegistry()
 	sideCtx, stopSide := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopSide()
 	ready := make(chan string, 1)
 	sideErr := make(chan error, 1)
 	go func() {
-		sideErr <- runSidecar(sideCtx, cfg, log, reg, &sidecarHooks{
-			started:      func(_ *pipeline.Pipeline, addr string) { ready <- addr },
-			pipelineOpts: []pipeline.Option{pipeline.WithKafkaOptions(kgo.FetchMaxWait(50 * time.Millisecond))},
-		})
+		sideErr <- sidecar(sideCtx, cfg, reg, func(addr string) { ready <- addr },
+			pipeline.WithKafkaOptions(kgo.FetchMaxWait(50*time.Millisecond)))
 	}()
 	select {
 	case addr := <-ready:
@@ -154,7 +173,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 		return fmt.Errorf("demo: sidecar: %w", err)
 	}
 
-	gen, err := newDemoGenerator(broker, services, o.entities)
+	gen, err := newDemoGenerator(broker, services, o.Entities)
 	if err != nil {
 		return err
 	}
@@ -162,11 +181,11 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 	genCtx, stopGen := context.WithCancel(ctx)
 	defer stopGen()
 	genDone := make(chan error, 1)
-	rate := o.rate
-	if rate == 0 && o.records == 0 {
+	rate := o.Rate
+	if rate == 0 && o.Records == 0 {
 		rate = 500
 	}
-	go func() { genDone <- gen.run(genCtx, o.records, rate) }()
+	go func() { genDone <- gen.run(genCtx, o.Records, rate) }()
 
 	// Live line until every sent record is decided. Ctrl-C stops producing;
 	// what was sent is still decided (for at most drainTimeout) before the
@@ -220,9 +239,6 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) error {
 // demoPostgres returns a DSN for a fresh demo schema: on the given server,
 // else the local one, else a throwaway cluster started here.
 func demoPostgres(ctx context.Context, out io.Writer, dsn string) (string, func(), error) {
-	if dsn == "" {
-		dsn = os.Getenv("DAM_POSTGRES_DSN")
-	}
 	explicit := dsn != ""
 	if dsn == "" {
 		dsn = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
