@@ -95,13 +95,16 @@ says which.`,
 			if err != nil {
 				return err
 			}
-			var route *pipeline.Route
-			if byOffset {
-				if route, err = routeReading(cfg, topic); err != nil {
-					return err
-				}
-			} else if route, err = routeOf(cfg, args[0]); err != nil {
+			// By offset, the route reading the topic; else the service's, if
+			// any (without one, explained as dam serve's checks decide).
+			route, err := compiledRoute(cfg, func(r config.Route) bool {
+				return byOffset && r.From == topic || !byOffset && r.Service == args[0]
+			})
+			if err != nil {
 				return err
+			}
+			if byOffset && route == nil {
+				return usagef("no route of the configuration reads topic %q", topic)
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
@@ -175,33 +178,19 @@ says which.`,
 	return cmd
 }
 
-// routeOf compiles service's route as the sidecar runs it; nil when the
-// configuration has none (explained as dam serve's checks decide).
-func routeOf(cfg config.Config, service string) (*pipeline.Route, error) {
-	for i := range cfg.Routes {
-		if cfg.Routes[i].Service == service {
-			return compile(cfg.Routes[i])
-		}
-	}
-	return nil, nil
-}
-
-// routeReading compiles the route that reads topic.
-func routeReading(cfg config.Config, topic string) (*pipeline.Route, error) {
+// compiledRoute compiles the route of cfg that match selects (the last,
+// if several), as the sidecar runs it; nil when none does.
+func compiledRoute(cfg config.Config, match func(config.Route) bool) (*pipeline.Route, error) {
 	var rc *config.Route
 	for i := range cfg.Routes {
-		if cfg.Routes[i].From == topic {
+		if match(cfg.Routes[i]) {
 			rc = &cfg.Routes[i]
 		}
 	}
 	if rc == nil {
-		return nil, usagef("no route of the configuration reads topic %q", topic)
+		return nil, nil
 	}
-	return compile(*rc)
-}
-
-func compile(rc config.Route) (*pipeline.Route, error) {
-	r, err := pipeline.CompileRoute(rc)
+	r, err := pipeline.CompileRoute(*rc)
 	if err != nil {
 		return nil, fmt.Errorf("route %s: %w", rc.Service, err)
 	}
