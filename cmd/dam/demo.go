@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/signal"
 	"syscall"
@@ -27,7 +28,11 @@ sidecar over four services' projection topics, and feeds it a projection
 stream of bananas: changes only some services see, key-order changes,
 changes only in ignored fields, and bad records. It prints a live line and
 ends with a per-service summary checked against a reference model. Any Kafka
-client (kcat) can read the delivery topics while it runs.`,
+client (kcat) can read the delivery topics while it runs.
+
+Its state goes to a schema dam_demo, which each run drops and makes again:
+on $DAM_POSTGRES_DSN or --dsn, a dam_demo schema that dam demo did not make
+(it marks its own with a comment) is refused unless --yes.`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Records < 0 || o.Entities <= 0 {
@@ -41,7 +46,11 @@ client (kcat) can read the delivery topics while it runs.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return demo.Run(ctx, cmd.OutOrStdout(), o, demoSidecar)
+			err := demo.Run(ctx, cmd.OutOrStdout(), o, demoSidecar)
+			if errors.Is(err, demo.ErrNotTheDemos) {
+				return usagef("%v; --yes drops it", err)
+			}
+			return err
 		},
 	}
 	cmd.Flags().IntVar(&o.Records, "records", 0, "input records to send, then summarise and exit (0: until Ctrl-C)")
@@ -49,6 +58,7 @@ client (kcat) can read the delivery topics while it runs.`,
 	cmd.Flags().IntVar(&o.Port, "port", 0, "kfake broker port on 127.0.0.1 (0: any free port)")
 	cmd.Flags().StringVar(&o.DSN, "dsn", "", "PostgreSQL DSN (default $DAM_POSTGRES_DSN, else the local server, else a throwaway cluster)")
 	cmd.Flags().IntVar(&o.Rate, "rate", 0, "entity events per second (0: as fast as possible with --records, 500 without)")
+	cmd.Flags().BoolVar(&o.Yes, "yes", false, "drop a schema "+demo.Schema+" that dam demo did not make, and everything in it")
 	cmd.Flags().StringVar(&o.Delivery, "delivery", config.DeliveryAtLeastOnce, "at-least-once or exactly-once (read the delivery topics read_committed)")
 	return cmd
 }

@@ -7,6 +7,7 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -106,7 +107,21 @@ type Options struct {
 	DSN string
 	// Delivery is the sidecar's kafka.delivery.
 	Delivery string
+	// Yes drops a schema named Schema that the demo did not make (and
+	// everything in it); without it, Run refuses with ErrNotTheDemos.
+	Yes bool
 }
+
+// Schema is the schema the demo makes, drops and makes again at each run.
+const Schema = "dam_demo"
+
+// schemaMark is the comment the demo puts on its schema: a schema named
+// Schema without it is not the demo's.
+const schemaMark = "made by dam demo, which drops it and makes it again at each run"
+
+// ErrNotTheDemos: the server holds a schema named Schema that the demo did
+// not make, and Options.Yes was not given.
+var ErrNotTheDemos = errors.New("demo: schema " + Schema + " exists and was not made by dam demo")
 
 // Sidecar runs the sidecar on cfg until ctx ends: dam run's, which cmd/dam
 // gives. It registers its metrics on reg, calls started with its HTTP
@@ -130,7 +145,7 @@ func Run(ctx context.Context, out io.Writer, o Options, sidecar Sidecar) error {
 	broker := cluster.ListenAddrs()[0]
 	fmt.Fprintf(out, "kafka (kfake) listening on %s: e.g. kcat -b %s -C -t delivery.customer-2 -e -X isolation.level=read_committed\n", broker, broker)
 
-	dsn, cleanup, err := demoPostgres(ctx, out, o.DSN)
+	dsn, cleanup, err := demoPostgres(ctx, out, o.DSN, o.Yes)
 	if err != nil {
 		return err
 	}
@@ -237,8 +252,9 @@ func Run(ctx context.Context, out io.Writer, o Options, sidecar Sidecar) error {
 }
 
 // demoPostgres returns a DSN for a fresh demo schema: on the given server,
-// else the local one, else a throwaway cluster started here.
-func demoPostgres(ctx context.Context, out io.Writer, dsn string) (string, func(), error) {
+// else the local one, else a throwaway cluster started here. yes: drop a
+// schema of the demo's name that the demo did not make.
+func demoPostgres(ctx context.Context, out io.Writer, dsn string, yes bool) (string, func(), error) {
 	explicit := dsn != ""
 	if dsn == "" {
 		dsn = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -264,12 +280,39 @@ func demoPostgres(ctx context.Context, out io.Writer, dsn string) (string, func(
 		return "", nil, fmt.Errorf("demo: %w", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS dam_demo CASCADE; CREATE SCHEMA dam_demo"); err != nil {
+	if err := freshSchema(ctx, conn, yes); errors.Is(err, ErrNotTheDemos) {
 		cleanup()
-		return "", nil, fmt.Errorf("demo: creating schema dam_demo: %w", err)
+		return "", nil, fmt.Errorf("%w (on %s): refusing to drop it and everything in it", err, config.RedactDSN(dsn))
+	} else if err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("demo: making schema %s: %w", Schema, err)
 	}
-	fmt.Fprintf(out, "postgres: %s (schema dam_demo)\n", config.RedactDSN(dsn))
-	return withSearchPath(dsn, "dam_demo"), cleanup, nil
+	fmt.Fprintf(out, "postgres: %s (schema %s)\n", config.RedactDSN(dsn), Schema)
+	return withSearchPath(dsn, Schema), cleanup, nil
+}
+
+// freshSchema makes the demo's schema, marked as the demo's, in one
+// transaction: it drops the previous one first, but only if the demo made
+// it (its comment is the mark) or yes is given.
+func freshSchema(ctx context.Context, conn *pgx.Conn, yes bool) error {
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var mark *string
+		err := tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1`, Schema).Scan(&mark)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return err
+		case (mark == nil || *mark != schemaMark) && !yes:
+			return ErrNotTheDemos
+		default:
+			if _, err := tx.Exec(ctx, "DROP SCHEMA "+Schema+" CASCADE"); err != nil {
+				return err
+			}
+		}
+		// Constants: no parameters in utility statements.
+		_, err = tx.Exec(ctx, "CREATE SCHEMA "+Schema+"; COMMENT ON SCHEMA "+Schema+" IS '"+schemaMark+"'")
+		return err
+	})
 }
 
 func withSearchPath(dsn, schema string) string {
