@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/demo"
@@ -64,14 +65,14 @@ on $DAM_POSTGRES_DSN or --dsn, a dam_demo schema that dam demo did not make
 }
 
 // demoSidecar runs dam run's sidecar for the demo, with the demo's logger
-// and pipeline options.
-func demoSidecar(ctx context.Context, cfg config.Config, reg *prometheus.Registry, started func(string), opts ...pipeline.Option) error {
+// and Kafka options.
+func demoSidecar(ctx context.Context, cfg config.Config, reg *prometheus.Registry, started func(string), kafka ...kgo.Opt) error {
 	log, err := newLogger(cfg.Log)
 	if err != nil {
 		return err
 	}
 	return runSidecar(ctx, cfg, log, reg, &sidecarHooks{
 		started:      func(_ *pipeline.Pipeline, addr string) { started(addr) },
-		pipelineOpts: opts,
+		pipelineOpts: []pipeline.Option{pipeline.WithKafkaOptions(kafka...)},
 	})
 }

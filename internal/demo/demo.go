@@ -25,7 +25,6 @@ import (
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pglocal"
-	"github.com/dam-dedup/dam/pipeline"
 )
 
 // demoService is one adapter of the demo: its projection of the banana
@@ -125,8 +124,8 @@ var ErrNotTheDemos = errors.New("demo: schema " + Schema + " exists and was not 
 
 // Sidecar runs the sidecar on cfg until ctx ends: dam run's, which cmd/dam
 // gives. It registers its metrics on reg, calls started with its HTTP
-// address once it runs, and adds opts to the pipeline's options.
-type Sidecar func(ctx context.Context, cfg config.Config, reg *prometheus.Registry, started func(httpAddr string), opts ...pipeline.Option) error
+// address once it runs, and adds kafka to its Kafka client's options.
+type Sidecar func(ctx context.Context, cfg config.Config, reg *prometheus.Registry, started func(httpAddr string), kafka ...kgo.Opt) error
 
 // Run runs the demo, printing a live line and a per-service summary to
 // out; it fails when the sidecar's decisions differ from the reference
@@ -178,8 +177,8 @@ func Run(ctx context.Context, out io.Writer, o Options, sidecar Sidecar) error {
 	ready := make(chan string, 1)
 	sideErr := make(chan error, 1)
 	go func() {
-		sideErr <- sidecar(sideCtx, cfg, reg, func(addr string) { ready <- addr },
-			pipeline.WithKafkaOptions(kgo.FetchMaxWait(50*time.Millisecond)))
+		// Short fetch waits keep the live line moving.
+		sideErr <- sidecar(sideCtx, cfg, reg, func(addr string) { ready <- addr }, kgo.FetchMaxWait(50*time.Millisecond))
 	}()
 	select {
 	case addr := <-ready:
