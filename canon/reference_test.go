@@ -10,7 +10,7 @@ import (
 
 // refEncode is the reference encoder: a plain recursive implementation of
 // the documented encoding, written to be checked by eye against this
-// grammar (scheme 1, README "Structural hash"):
+// grammar (scheme 1, docs/hashing.md#structural-hash):
 //
 //	enc(null)    = 'n'           enc(true) = 't'     enc(false) = 'f'
 //	enc(number)  = 'd' uvarint(len(text)) text       (the literal, as written)

@@ -18,9 +18,10 @@ import (
 	"github.com/dam-dedup/dam/internal/testkafka"
 )
 
-// TestWorkedExample is the README's Operations example, against the real
-// sidecar: a record is dropped as a duplicate, dam explain says why (as
-// text and as JSON), and dam state reset plus a replay delivers it again.
+// TestWorkedExample is the worked example of docs/operations.md#operations,
+// against the real sidecar: a record is dropped as a duplicate, dam explain
+// says why (as text and as JSON), and dam state reset plus a replay
+// delivers it again.
 func TestWorkedExample(t *testing.T) {
 	unsetDSN(t) // not parallel
 	const in, out = "projections.customer-2", "delivery.customer-2"

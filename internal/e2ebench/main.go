@@ -38,6 +38,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -111,7 +112,7 @@ func main() {
 	flag.Float64Var(&o.decideBest, "decide-best", 0, "records/s of the best batched Decide benchmark in the same run (make bench passes it)")
 	flag.StringVar(&o.decideBestName, "decide-best-name", "", "its variant")
 	flag.StringVar(&o.damBin, "dam", "", "dam binary (default: build ./cmd/dam)")
-	flag.StringVar(&o.base, "base", os.Getenv("BASE"), "git revision of the dam-base variant (default $BASE, else the last commit that changed the README's dam figures)")
+	flag.StringVar(&o.base, "base", os.Getenv("BASE"), "git revision of the dam-base variant (default $BASE, else the last commit that changed the dam figures of docs/performance.md)")
 	flag.Parse()
 	if o.profile != "" {
 		if err := os.MkdirAll(o.profile, 0o755); err != nil {
@@ -212,16 +213,14 @@ func run(o options) error {
 }
 
 // buildBase builds dam at a git revision (default: the last commit that
-// changed the README's end-to-end dam figures, i.e. the version they
-// describe) in a temporary worktree, and returns the binary and the
-// revision's hash.
+// changed the end-to-end dam figures of docs/performance.md, i.e. the
+// version they describe) in a temporary worktree, and returns the binary
+// and the revision's hash.
 func buildBase(tmp, rev string) (bin, hash string, err error) {
 	if rev == "" {
-		out, err := exec.Command("git", "log", "-1", "--format=%H", "-G", `^\| \*\*dam\*\* \|`, "--", "README.md").Output()
-		if err != nil || strings.TrimSpace(string(out)) == "" {
-			return "", "", fmt.Errorf("finding the last commit that changed the README's dam figures (set BASE=<rev>): %v", err)
+		if rev, err = figuresRev(); err != nil {
+			return "", "", fmt.Errorf("finding the last commit that changed the dam figures (set BASE=<rev>): %w", err)
 		}
-		rev = strings.TrimSpace(string(out))
 	}
 	out, err := exec.Command("git", "rev-parse", "--verify", rev+"^{commit}").Output()
 	if err != nil {
@@ -246,6 +245,51 @@ func buildBase(tmp, rev string) (bin, hash string, err error) {
 		return "", "", fmt.Errorf("go build ./cmd/dam at %s: %w", hash, err)
 	}
 	return bin, hash, nil
+}
+
+// figuresFiles are the files that have held the end-to-end dam figures (the
+// `| **dam** |` rows): docs/performance.md, and README.md before issue 21
+// moved them there.
+var figuresFiles = []string{"docs/performance.md", "README.md"}
+
+// damRowPattern matches a `| **dam** |` row of a figures table.
+const damRowPattern = `^\| \*\*dam\*\* \|`
+
+// figuresRev returns the last commit that changed the dam figures. A commit
+// that only moved the rows between files (as issue 21's did) changed no
+// figure and describes no new version, so it is passed over: the rows, in
+// every figures file, must differ from its parent's.
+func figuresRev() (string, error) {
+	args := []string{"log", "--format=%H", "-G", damRowPattern, "--"}
+	for _, f := range figuresFiles {
+		args = append(args, ":(top)"+f) // from the repository's root, wherever this runs
+	}
+	out, err := exec.Command("git", args...).Output()
+	if err != nil {
+		return "", fmt.Errorf("git log: %w", err)
+	}
+	for _, c := range strings.Fields(string(out)) {
+		if damRows(c) != damRows(c+"^") {
+			return c, nil
+		}
+	}
+	return "", fmt.Errorf("no commit changed the rows of %s", strings.Join(figuresFiles, " or "))
+}
+
+// damRows returns the `| **dam** |` rows of the figures files at rev, sorted;
+// a file missing at rev (or a rev without a parent) contributes none.
+func damRows(rev string) string {
+	re := regexp.MustCompile(`(?m)` + damRowPattern + `.*$`)
+	var rows []string
+	for _, f := range figuresFiles {
+		out, err := exec.Command("git", "show", rev+":"+f).Output()
+		if err != nil {
+			continue
+		}
+		rows = append(rows, re.FindAllString(string(out), -1)...)
+	}
+	slices.Sort(rows)
+	return strings.Join(rows, "\n")
 }
 
 // postgres returns a reachable DSN: -dsn, $DAM_TEST_POSTGRES_DSN, the local

@@ -1,0 +1,4 @@
+package main
+
+// Moved to docs/gone.md, which was not written.
+func main() {}
