@@ -3,6 +3,10 @@ SHELL := /bin/bash
 GO ?= go
 NPM ?= npm
 INTEROP := internal/interop
+# Redocly CLI lints the check service's OpenAPI document (make lint), as
+# internal/apilint's package-lock.json pins it; no telemetry, no update check.
+APILINT := internal/apilint
+REDOCLY := REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true $(APILINT)/node_modules/.bin/redocly
 STATICCHECK_VERSION ?= v0.8.2
 # helm, built from the Go module proxy into bin/ (cached there). The
 # Kubernetes version it assumes (helm template, helm lint) is its
@@ -10,6 +14,20 @@ STATICCHECK_VERSION ?= v0.8.2
 HELM_VERSION ?= v3.22.0
 HELM_KUBE_MINOR ?= 37
 HELM := bin/helm-$(HELM_VERSION)
+# goreleaser and syft (its SBOMs), built from the Go module proxy into bin/
+# (cached there) as helm is. goreleaser v2.16.0 is the newest that builds
+# here: v2.17.0 needs a module the proxy refuses (go.digitalxero.dev/go-msix),
+# v2.18 needs Go 1.27.
+GORELEASER_VERSION ?= v2.16.0
+GORELEASER := bin/goreleaser-$(GORELEASER_VERSION)
+SYFT_VERSION ?= v1.57.0
+SYFT := bin/syft-$(SYFT_VERSION)/syft
+# The check service's Go client (examples/serveclient) is generated from
+# serve/openapi.yaml by oapi-codegen (`make generate`); `make lint` checks
+# it is current.
+OAPI_CODEGEN_VERSION ?= v2.8.2
+OAPI_CODEGEN = $(GO) run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@$(OAPI_CODEGEN_VERSION)
+SERVECLIENT := examples/serveclient
 CHART := charts/dam
 # Packages with fuzz targets; `make fuzz` explores each target for FUZZTIME.
 FUZZTIME ?= 15s
@@ -20,7 +38,7 @@ DEMO_RECORDS ?= 20000
 
 .PHONY: help
 help: ## Show this help
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-17s\033[0m %s\n", $$1, $$2}'
 
 .PHONY: build
 build: ## Build bin/dam
@@ -35,6 +53,11 @@ deps: $(INTEROP)/node_modules/.package-lock.json ## Download Go modules and inst
 # package-lock.json pins it; reinstalled when the pin changes.
 $(INTEROP)/node_modules/.package-lock.json: $(INTEROP)/package.json $(INTEROP)/package-lock.json
 	cd $(INTEROP) && $(NPM) ci --no-audit --no-fund
+	@touch $@
+
+# Redocly CLI for make lint, exactly as its package-lock.json pins it.
+$(APILINT)/node_modules/.package-lock.json: $(APILINT)/package.json $(APILINT)/package-lock.json
+	cd $(APILINT) && $(NPM) ci --no-audit --no-fund
 	@touch $@
 
 .PHONY: test
@@ -62,6 +85,42 @@ chart: $(HELM) ## helm lint and helm template the chart with every value set of 
 	  $(HELM) template dam $(CHART) -f $$f >/dev/null; \
 	done
 
+# Built into a directory of its own, then renamed: an interrupted build
+# leaves no binary that looks finished.
+$(GORELEASER):
+	@mkdir -p bin
+	GOBIN=$(CURDIR)/bin/.goreleaser-build CGO_ENABLED=0 $(GO) install -trimpath -ldflags "-s -w" \
+	  github.com/goreleaser/goreleaser/v2@$(GORELEASER_VERSION)
+	mv bin/.goreleaser-build/goreleaser $@ && rmdir bin/.goreleaser-build
+
+# syft goes in a directory of its own: goreleaser runs it as `syft` from PATH.
+$(SYFT):
+	@mkdir -p bin
+	GOBIN=$(CURDIR)/bin/.syft-build CGO_ENABLED=0 $(GO) install -trimpath -ldflags "-s -w -X main.version=$(SYFT_VERSION)" \
+	  github.com/anchore/syft/cmd/syft@$(SYFT_VERSION)
+	@mkdir -p $(dir $@)
+	mv bin/.syft-build/syft $@ && rmdir bin/.syft-build
+
+.PHONY: release-tools
+release-tools: $(GORELEASER) $(SYFT) ## Build the pinned goreleaser and syft into bin/ (once, several minutes)
+
+# goreleaser reads the commit with git and stamps "none" when the checkout
+# has no remote (a local worktree): give it this directory as origin then.
+GIT_ORIGIN_ENV = $$(git ls-remote --get-url >/dev/null 2>&1 || echo GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=remote.origin.url GIT_CONFIG_VALUE_0=$(CURDIR))
+
+.PHONY: release-snapshot
+release-snapshot: $(GORELEASER) $(SYFT) ## Build the release (archives, checksums, SBOMs) into dist/ without publishing, and check it
+	env $(GIT_ORIGIN_ENV) PATH="$(CURDIR)/$(dir $(SYFT)):$$PATH" $(GORELEASER) release --snapshot --clean --skip=docker
+	$(GO) run ./internal/releasecheck -dist dist
+
+.PHONY: release-notes
+release-notes: ## Print CHANGELOG.md's section of VERSION (default: the latest tag), the notes of its release
+	@v="$${VERSION:-$$(git describe --tags --abbrev=0 2>/dev/null)}"; v="$${v#v}"; \
+	if [ -z "$$v" ]; then echo "release-notes: no tag: set VERSION" >&2; exit 1; fi; \
+	notes=$$(awk -v v="$$v" '/^## \[/ { on = index($$0, "## [" v "]") == 1; next } /^\[.*\]: / { next } on' CHANGELOG.md); \
+	if [ -z "$${notes//[[:space:]]/}" ]; then echo "release-notes: CHANGELOG.md has no section [$$v]" >&2; exit 1; fi; \
+	printf '%s\n' "$$notes"
+
 .PHONY: promtool
 promtool: ## Install promtool and prometheus (Debian's prometheus package) when missing
 	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || ./scripts/install-prometheus.sh
@@ -82,10 +141,20 @@ chaos: ## Run every chaos scenario at full size through the real binary (about 1
 	if [ -f chaos.txt ]; then cat chaos.txt; else echo "chaos: no table written"; fi; exit $$status
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck (pinned)
+lint: $(GORELEASER) $(APILINT)/node_modules/.package-lock.json ## gofmt, go vet and staticcheck (pinned), goreleaser check, the OpenAPI document (Redocly CLI), the generated client current
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	$(GORELEASER) check
+	$(REDOCLY) lint --config $(APILINT)/redocly.yaml --format=stylish serve/openapi.yaml
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+	  (cd $(SERVECLIENT) && $(OAPI_CODEGEN) -config oapi-codegen.yaml -o $$tmp/client.gen.go ../../serve/openapi.yaml) && \
+	  if ! cmp -s $$tmp/client.gen.go $(SERVECLIENT)/client.gen.go; then \
+	    echo "$(SERVECLIENT)/client.gen.go is not what serve/openapi.yaml generates: run make generate"; exit 1; fi
+
+.PHONY: generate
+generate: ## Generate the check service's Go client (examples/serveclient) from serve/openapi.yaml
+	cd $(SERVECLIENT) && $(OAPI_CODEGEN) -config oapi-codegen.yaml -o client.gen.go ../../serve/openapi.yaml
 
 .PHONY: fuzz
 fuzz: ## Explore every fuzz target for FUZZTIME each

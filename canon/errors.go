@@ -3,7 +3,9 @@ package canon
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Sentinel errors. A failed Sum returns an *Error whose Err is one of the
@@ -56,6 +58,23 @@ func (e *Error) Reason() string {
 
 // Unwrap returns the sentinel, for errors.Is.
 func (e *Error) Unwrap() error { return e.Err }
+
+// maxQuoted is the most input bytes an error quotes: input is hostile, and
+// errors end up in logs and in dead letters' headers.
+const maxQuoted = 64
+
+// quoteInput quotes b for an error's Detail, at most maxQuoted bytes of it
+// (cut on a character boundary), marking a cut with "…" and the length.
+func quoteInput(b []byte) string {
+	if len(b) <= maxQuoted {
+		return strconv.Quote(string(b))
+	}
+	cut := maxQuoted
+	for cut > 0 && !utf8.RuneStart(b[cut]) {
+		cut--
+	}
+	return strconv.Quote(string(b[:cut])) + "… (" + strconv.Itoa(len(b)) + " bytes)"
+}
 
 // PointerError reports an invalid ignore or value pointer.
 type PointerError struct {

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // allocated returns the bytes f allocates (roughly: other goroutines count too).
@@ -105,5 +107,30 @@ func TestHostileNeverPanics(t *testing.T) {
 	}
 	if _, err := h.Sum(doc); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An error quotes at most 64 bytes of the input: a 490 kB member name used
+// to make a 490 kB error, then a log line and a dead letter too large for
+// Kafka (issue 18).
+func TestErrorQuotesLittleInput(t *testing.T) {
+	long := strings.Repeat("n", 490_000)
+	for _, in := range []string{
+		`{"` + long + `":1,"` + long + `":2}`,
+		`{"` + strings.Repeat("é", 100) + `":1,"` + strings.Repeat("é", 100) + `":2}`,
+	} {
+		_, err := mustNew(t, WithMaxSize(2<<20)).Sum([]byte(in))
+		if !errors.Is(err, ErrDuplicateMember) {
+			t.Fatalf("want a duplicate member, got %v", err)
+		}
+		if n := len(err.Error()); n > 200 {
+			t.Errorf("error of %d bytes: %.120s…", n, err.Error())
+		}
+		if !utf8.ValidString(err.Error()) || !strings.Contains(err.Error(), "bytes)") {
+			t.Errorf("error %q: want valid UTF-8 naming the length", err)
+		}
+	}
+	if _, err := mustNew(t).Sum([]byte(`{"ab":1,"ab":2}`)); err == nil || !strings.HasSuffix(err.Error(), `duplicate member: "ab"`) {
+		t.Errorf("a short name is quoted whole: %v", err)
 	}
 }

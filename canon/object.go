@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"slices"
-	"strconv"
 )
 
 // member is one object member in the scratch buffer, from its name's 's'
@@ -196,7 +195,7 @@ func (s *state) reorder(buf []byte, ms []member, perm []uint8, body int, top, ig
 }
 
 func dupErr(buf []byte, a, b member) error {
-	return &Error{Offset: int(max(a.in, b.in)), Err: ErrDuplicateMember, Detail: strconv.Quote(string(buf[a.key:a.keyEnd]))}
+	return &Error{Offset: int(max(a.in, b.in)), Err: ErrDuplicateMember, Detail: quoteInput(buf[a.key:a.keyEnd])}
 }
 
 // move copies src[a:e] to dst[d:] and returns the end of the copy in dst.

@@ -38,7 +38,9 @@ const (
 	// ON CONFLICT: a stale row at the same offset can only exist when an
 	// operator moved progress back by hand; the new decisions replace it.
 
-	sqlAdvance = `UPDATE progress SET next_offset = $4
+	// GREATEST ignores a NULL: an unknown delivered offset leaves the
+	// recorded one.
+	sqlAdvance = `UPDATE progress SET next_offset = $4, delivered = GREATEST(delivered, $6)
 		WHERE grp = $1 AND topic = $2 AND part = $3 AND epoch = $5`
 )
 
@@ -82,7 +84,14 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 	for attempt := 1; ; attempt++ {
 		var raced bool
 		out, raced, err = s.decideOnce(ctx, b, entities, idx, out)
-		if !raced || attempt >= maxDecideAttempts+len(entities) || ctx.Err() != nil {
+		if !raced {
+			break
+		}
+		if attempt >= maxDecideAttempts+len(entities) || ctx.Err() != nil {
+			// Still losing: contention, not a fault of the batch. Nothing
+			// changed; the caller retries after its backoff, as after an
+			// outage, instead of halting on a unique violation.
+			err = fmt.Errorf("%w: lost the race for a new identity to a concurrent decider %d times in a row: %w", ErrUnavailable, attempt, err)
 			break
 		}
 	}
@@ -96,7 +105,7 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 // deciders of several partitions on overlapping identities (entity not the
 // partition key), five runs were seen to lose in a row, and the error
 // would have halted the partition.
-const maxDecideAttempts = 5
+var maxDecideAttempts = 5
 
 // decideOnce is one transaction of Decide. raced reports a rollback caused
 // by a concurrent decider (a new identity created meanwhile, a deadlock):
@@ -181,7 +190,11 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		rt2.Queue(sqlLog, p.Group, p.Topic, p.Partition, b.Start, b.End, logOffsets, logDecisions, logEntities)
 	}
 	var advanced int64
-	rt2.Queue(sqlAdvance, p.Group, p.Topic, p.Partition, b.End, b.Epoch).Exec(func(ct pgconn.CommandTag) error {
+	var delivered *int64
+	if b.Delivered > 0 {
+		delivered = &b.Delivered
+	}
+	rt2.Queue(sqlAdvance, p.Group, p.Topic, p.Partition, b.End, b.Epoch, delivered).Exec(func(ct pgconn.CommandTag) error {
 		advanced = ct.RowsAffected()
 		return nil
 	})

@@ -423,6 +423,19 @@ func TestPruneStateChunks(t *testing.T) {
 // the row and decides Duplicate (a stale Forward would deliver it twice).
 func TestDecideNewIdentityRace(t *testing.T) {
 	t.Parallel()
+	testDecideNewIdentityRace(t, false)
+}
+
+// A Decide that keeps losing races for new identities ends with an error
+// the caller retries (ErrUnavailable), not with the unique violation that
+// halted the sidecar's partition for good (issue 18, item 5). Here it may
+// run once only, and loses that run.
+func TestDecideLosingRacesIsTransient(t *testing.T) {
+	defer dedup.SetDecideAttempts(0)() // one run for a batch of one identity
+	testDecideNewIdentityRace(t, true)
+}
+
+func testDecideNewIdentityRace(t *testing.T, exhaust bool) {
 	s := newStore(t)
 	ctx := context.Background()
 	p, epoch := partition(t, s, "race")
@@ -472,6 +485,12 @@ func TestDecideNewIdentityRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-done
+	if exhaust {
+		if !errors.Is(r.err, dedup.ErrUnavailable) || !dedup.Transient(r.err) {
+			t.Fatalf("Decide that lost its only run: %v, %v; want an error wrapping ErrUnavailable", r.got, r.err)
+		}
+		return
+	}
 	if r.err != nil || !slices.Equal(r.got, []dedup.Decision{D}) {
 		t.Fatalf("Decide after losing the race: %v, %v; want [Duplicate]", r.got, r.err)
 	}

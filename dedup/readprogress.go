@@ -14,18 +14,13 @@ import (
 // could fence a legitimate new owner from a zombie.) A partition never
 // acquired has epoch 0.
 func (s *Store) ReadProgress(ctx context.Context, p Partition) (Progress, error) {
-	var pr Progress
-	var next *int64
-	err := s.pool.QueryRow(ctx, `SELECT epoch, next_offset FROM progress WHERE grp = $1 AND topic = $2 AND part = $3`,
-		p.Group, p.Topic, p.Partition).Scan(&pr.Epoch, &next)
+	pr, err := scanProgress(s.pool.QueryRow(ctx, `SELECT epoch, next_offset, delivered, topic_id FROM progress WHERE grp = $1 AND topic = $2 AND part = $3`,
+		p.Group, p.Topic, p.Partition))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Progress{}, nil
+		return Progress{Delivered: -1}, nil
 	}
 	if err != nil {
 		return Progress{}, classify("read progress", err)
-	}
-	if next != nil {
-		pr.Next, pr.HasNext = *next, true
 	}
 	return pr, nil
 }

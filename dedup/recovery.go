@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Progress is a partition's position in the store, as returned by Acquire.
@@ -17,6 +18,34 @@ type Progress struct {
 	// HasNext is false when P was never set (a new partition): set it with
 	// InitProgress.
 	HasNext bool
+	// Delivered is the committed offset its owner last knew (Batch.Delivered,
+	// SetDelivered); -1 when none was recorded. It may lag Kafka's
+	// committed offset, never lead it.
+	Delivered int64
+	// TopicID is the input topic's id bound with BindTopic; zero when none
+	// was bound.
+	TopicID [16]byte
+}
+
+// scanProgress reads epoch, next_offset, delivered and topic_id.
+func scanProgress(row pgx.Row) (Progress, error) {
+	var pr Progress
+	var next, delivered *int64
+	var id pgtype.UUID
+	if err := row.Scan(&pr.Epoch, &next, &delivered, &id); err != nil {
+		return Progress{}, err
+	}
+	if next != nil {
+		pr.Next, pr.HasNext = *next, true
+	}
+	pr.Delivered = -1
+	if delivered != nil {
+		pr.Delivered = *delivered
+	}
+	if id.Valid {
+		pr.TopicID = id.Bytes
+	}
+	return pr, nil
 }
 
 // Acquire takes ownership of p: it bumps p's fencing epoch (creating the
@@ -24,18 +53,56 @@ type Progress struct {
 // epoch is fenced, and returns the new epoch and P. Call it when p is
 // assigned and after any failure whose outcome is unknown.
 func (s *Store) Acquire(ctx context.Context, p Partition) (Progress, error) {
-	var pr Progress
-	var next *int64
-	err := s.pool.QueryRow(ctx, `INSERT INTO progress AS p (grp, topic, part, epoch) VALUES ($1, $2, $3, 1)
+	pr, err := scanProgress(s.pool.QueryRow(ctx, `INSERT INTO progress AS p (grp, topic, part, epoch) VALUES ($1, $2, $3, 1)
 		ON CONFLICT (grp, topic, part) DO UPDATE SET epoch = p.epoch + 1
-		RETURNING epoch, next_offset`, p.Group, p.Topic, p.Partition).Scan(&pr.Epoch, &next)
+		RETURNING epoch, next_offset, delivered, topic_id`, p.Group, p.Topic, p.Partition))
 	if err != nil {
 		return Progress{}, classify("acquire", err)
 	}
-	if next != nil {
-		pr.Next, pr.HasNext = *next, true
-	}
 	return pr, nil
+}
+
+// BindTopic records id as the id of p's input topic, if none is recorded
+// yet, and returns the id recorded (id itself, or the one bound before: a
+// different one means the topic was recreated under the same name). It
+// fails with ErrFenced if epoch is not p's current epoch.
+func (s *Store) BindTopic(ctx context.Context, p Partition, epoch int64, id [16]byte) ([16]byte, error) {
+	var bound pgtype.UUID
+	err := s.pool.QueryRow(ctx, `UPDATE progress SET topic_id = coalesce(topic_id, $5)
+		WHERE grp = $1 AND topic = $2 AND part = $3 AND epoch = $4 RETURNING topic_id`,
+		p.Group, p.Topic, p.Partition, epoch, pgtype.UUID{Bytes: id, Valid: true}).Scan(&bound)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return [16]byte{}, fmt.Errorf("%w: %s/%d group %q: epoch %d is not current", ErrFenced, p.Topic, p.Partition, p.Group, epoch)
+	}
+	if err != nil {
+		return [16]byte{}, classify("bind topic", err)
+	}
+	return bound.Bytes, nil
+}
+
+// Delivered is a partition and the committed offset known for it.
+type Delivered struct {
+	Partition Partition
+	Offset    int64
+}
+
+// SetDelivered records, in one statement, the committed offsets known for
+// several partitions (see Progress.Delivered), each only if it is above
+// the one recorded. It fences nothing: an offset Kafka accepted is true
+// whoever reports it.
+func (s *Store) SetDelivered(ctx context.Context, ds []Delivered) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	grps, topics := make([]string, len(ds)), make([]string, len(ds))
+	parts, offsets := make([]int32, len(ds)), make([]int64, len(ds))
+	for i, d := range ds {
+		grps[i], topics[i], parts[i], offsets[i] = d.Partition.Group, d.Partition.Topic, d.Partition.Partition, d.Offset
+	}
+	_, err := s.pool.Exec(ctx, `UPDATE progress AS p SET delivered = GREATEST(p.delivered, u.o)
+		FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[]) AS u(g, t, pt, o)
+		WHERE p.grp = u.g AND p.topic = u.t AND p.part = u.pt`, grps, topics, parts, offsets)
+	return classify("set delivered", err)
 }
 
 // InitProgress sets P of a partition whose P was never set (Acquire

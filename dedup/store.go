@@ -145,6 +145,27 @@ func Transient(err error) bool {
 	return err != nil && (errors.Is(err, ErrUnavailable) || retryable(err))
 }
 
+// RecordError reports an error of the store that a record's own content
+// may cause, rather than the store's state: the server refused the data
+// (SQLSTATE class 22, data exception) or hit one of its limits with it
+// (class 54, such as an index row too large). A decider can tell by
+// deciding that record alone: if it still fails, and the same record
+// decided as invalid does not, the record is bad input.
+func RecordError(err error) bool {
+	if err == nil || Transient(err) || errors.Is(err, ErrFenced) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.SQLState()[:2] {
+	case "22", "54":
+		return true
+	}
+	return false
+}
+
 func retryable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

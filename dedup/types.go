@@ -159,6 +159,11 @@ type Batch struct {
 	// NoLog decides without appending to the decision log: used to catch the
 	// state up over [P, C) when Kafka's committed offset is ahead.
 	NoLog bool
+	// Delivered is the committed offset the caller knows (Kafka's C, or
+	// less), recorded with the progress (Progress.Delivered) for a recovery
+	// that finds none in Kafka. Zero or negative: unknown, the recorded one
+	// stays.
+	Delivered int64
 }
 
 // LoggedDecision is one entry of the decision log: a record that was

@@ -10,9 +10,11 @@
 //     for each identity and the record it came from. digest is NULL only
 //     transiently, as a lock placeholder inside a Decide transaction.
 //     Indexed on (service, updated_at) for pruning.
-//   - progress(grp, topic, part, next_offset, epoch), primary key
-//     (grp, topic, part): each input partition's next offset to decide (P)
-//     and its fencing epoch.
+//   - progress(grp, topic, part, next_offset, epoch, delivered, topic_id),
+//     primary key (grp, topic, part): each input partition's next offset to
+//     decide (P), its fencing epoch, the committed offset last known to its
+//     owner (for a recovery without one in Kafka) and the input topic's id
+//     (to notice a topic recreated under the same name).
 //   - window_ids(service, id, expires_at, forwarded_at, digest, src_topic,
 //     src_partition, src_offset), primary key (service, id): window mode's
 //     message ids until they expire. Indexed on (service, expires_at) for

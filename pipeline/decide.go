@@ -116,6 +116,7 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		Records:   make([]dedup.Record, 0, len(recs)),
 		NoLog:     catchUp,
 		Rule:      w.rt.rule,
+		Delivered: w.knownC.Load(),
 	}
 	var causes []error // per record, only once a record is bad
 	var halt error
@@ -123,7 +124,7 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		rec, err := w.rt.classify(r)
 		if err != nil {
 			if w.rt.dlq == "" && !catchUp {
-				halt = fmt.Errorf("%w: %s/%d offset %d: %v (route %s has no dead_letter topic)", ErrHalted, r.Topic, r.Partition, r.Offset, err, w.rt.service)
+				halt = fmt.Errorf("%w: %s/%d offset %d: %s (route %s has no dead_letter topic)", ErrHalted, r.Topic, r.Partition, r.Offset, boundDetail(err.Error()), w.rt.service)
 				recs, b.End = recs[:i], r.Offset
 				break
 			}
@@ -139,6 +140,20 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 	}
 
 	decisions, undecided, err := w.decide(b)
+	if err != nil && dedup.RecordError(err) {
+		// The store refuses something of the batch that the checks before
+		// it did not catch: find the record, so that it alone is bad
+		// input and the partition goes on.
+		var n int
+		var stop error
+		decisions, n, stop, err = w.decideApart(b, &causes, catchUp, err)
+		if err == nil && n < len(recs) {
+			if n == 0 {
+				return stop
+			}
+			recs, b.Records, halt = recs[:n], b.Records[:n], stop
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -159,7 +174,7 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		switch {
 		case b.Records[i].Invalid:
 			// Dead-lettered whether or not the store could decide.
-			w.log.Warn("bad input: dead-lettered", zap.Int64("offset", r.Offset), zap.String("dead_letter", w.rt.dlq), zap.Error(causes[i]))
+			w.log.Warn("bad input: dead-lettered", zap.Int64("offset", r.Offset), zap.String("dead_letter", w.rt.dlq), zap.String("error", boundDetail(causes[i].Error())))
 			j.add(w.rt.deadLetter(r, causes[i]), r, outcomeInvalid)
 		case undecided:
 			j.add(w.rt.output(r, false), r, outcomeUndecided)
@@ -172,6 +187,54 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		}
 	}
 	return w.emit(j)
+}
+
+// decideApart decides b's records one at a time, each in a transaction
+// of its own, after b as a whole failed with an error the store may have
+// because of a record (first, dedup.RecordError). A record the store
+// refuses alone, and accepts decided as invalid, is bad input: marked
+// invalid with the store's error as its cause (a dead letter). On a route
+// without a dead-letter topic the partition halts at it: n is then the
+// number of records decided before it, b.End their end, and halt says why.
+// Any other error is returned as err.
+func (w *worker) decideApart(b *dedup.Batch, causes *[]error, catchUp bool, first error) (decisions []dedup.Decision, n int, halt error, err error) {
+	w.log.Warn("the store refuses a batch: deciding its records one by one to find the one it refuses",
+		zap.Int64("offset", b.Start), zap.Int("records", len(b.Records)), zap.String("error", boundDetail(first.Error())))
+	next := b.Start
+	for i := range b.Records {
+		r := &b.Records[i]
+		end := r.Offset + 1
+		if i == len(b.Records)-1 {
+			end = b.End
+		}
+		one := *b
+		one.Start, one.End, one.Records = next, end, b.Records[i:i+1]
+		decideOne := func() ([]dedup.Decision, error) {
+			return retryStep(w, sideDecide, "decide", w.d.metrics.storeErrors, func() ([]dedup.Decision, error) {
+				return w.decideResolving(&one)
+			})
+		}
+		d, err := decideOne()
+		if err != nil && !r.Invalid && dedup.RecordError(err) {
+			if w.rt.dlq == "" && !catchUp {
+				b.End = next
+				return decisions, i, fmt.Errorf("%w: %s/%d offset %d: the store refuses the record: %s (route %s has no dead_letter topic)",
+					ErrHalted, w.part.Topic, w.part.Partition, r.Offset, boundDetail(err.Error()), w.rt.service), nil
+			}
+			if *causes == nil {
+				*causes = make([]error, len(b.Records))
+			}
+			(*causes)[i] = fmt.Errorf("the store refuses the record: %w", err)
+			r.Invalid = true
+			d, err = decideOne()
+		}
+		if err != nil {
+			return nil, 0, nil, err
+		}
+		decisions = append(decisions, d[0])
+		next = end
+	}
+	return decisions, len(b.Records), nil, nil
 }
 
 // decide runs b's transaction until its outcome is known.
@@ -212,7 +275,7 @@ func (w *worker) decide(b *dedup.Batch) (decisions []dedup.Decision, undecided b
 // decideOnce is one Decide of b.
 func (w *worker) decideOnce(b *dedup.Batch) ([]dedup.Decision, error) {
 	start := time.Now()
-	ctx, cancel := w.storeCtx(w.dctx)
+	ctx, cancel := w.storeCtx(w.decideCtx())
 	defer cancel()
 	decisions, err := w.d.store.Decide(ctx, b, nil)
 	if err != nil {
@@ -240,7 +303,7 @@ func (w *worker) decideResolving(b *dedup.Batch) ([]dedup.Decision, error) {
 		return nil, retry.Permanent(err) // fenced, or a store error retrying cannot fix
 	}
 	prog, perr := retryStep(w, sideDecide, "reading progress after a failed decide", w.d.metrics.storeErrors, storeOp(func() (dedup.Progress, error) {
-		ctx, cancel := w.storeCtx(w.dctx)
+		ctx, cancel := w.storeCtx(w.decideCtx())
 		defer cancel()
 		return w.d.store.ReadProgress(ctx, w.part)
 	}))
@@ -273,7 +336,7 @@ func (w *worker) decisionsFromLog(b *dedup.Batch) ([]dedup.Decision, error) {
 		return decisions, nil // nothing is delivered for a catch-up batch
 	}
 	logged, err := retryStep(w, sideDecide, "reading the decision log", w.d.metrics.storeErrors, storeOp(func() ([]dedup.LoggedDecision, error) {
-		ctx, cancel := w.storeCtx(w.dctx)
+		ctx, cancel := w.storeCtx(w.decideCtx())
 		defer cancel()
 		entries, _, err := w.d.store.Logged(ctx, w.part, b.Start, b.End)
 		return entries, err
@@ -307,7 +370,7 @@ func (w *worker) decisionsFromLog(b *dedup.Batch) ([]dedup.Decision, error) {
 // The first batch may have committed before its reply was lost: P says
 // where to resume.
 func (w *worker) flush() error {
-	ctx, cancel := w.storeCtx(w.dctx)
+	ctx, cancel := w.storeCtx(w.decideCtx())
 	prog, err := w.d.store.ReadProgress(ctx, w.part)
 	cancel()
 	if err != nil {

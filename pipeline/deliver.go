@@ -76,7 +76,9 @@ func (w *worker) delivered(j *job) {
 		}
 	}
 	if j.commitTo > 0 {
-		w.committed = j.commitTo
+		if j.commitTo > w.committed { // (never back: commit set it already)
+			w.setCommitted(j.commitTo)
+		}
 		w.proven()
 		w.d.metrics.pollToCommit.WithLabelValues(w.rt.service).Observe(time.Since(j.polled).Seconds())
 		w.pruneLog()
@@ -305,7 +307,7 @@ func (w *worker) commit(offset int64, epoch int32) error {
 		}
 	})
 	if cerr == nil {
-		w.committed = offset
+		w.setCommitted(offset)
 		w.proven()
 	}
 	return cerr

@@ -112,6 +112,11 @@ type Pipeline struct {
 	joined   bool // the group has been joined at least once
 	stopping bool
 
+	// roundStop ends the retries of the exactly-once round in flight
+	// (onBlocked).
+	roundMu   sync.Mutex
+	roundStop context.CancelFunc
+
 	probes probes
 	hook   StepHook
 	// fetchWarned is when each fetch error was last logged (poll loop only).
@@ -267,7 +272,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	var cl *kgo.Client
 	var sess *kgo.GroupTransactSession
 	if p.deps.transactional {
-		opts = append(opts, kgo.TransactionalID(p.transactionalID()), kgo.TransactionTimeout(p.cfg.Kafka.TransactionTimeout))
+		opts = append(opts, kgo.TransactionalID(p.transactionalID()), kgo.TransactionTimeout(p.cfg.Kafka.TransactionTimeout),
+			kgo.OnPartitionsCallbackBlocked(p.onBlocked))
 		if sess, err = kgo.NewGroupTransactSession(opts...); err == nil {
 			cl = sess.Client()
 		}
@@ -506,7 +512,7 @@ func (p *Pipeline) onJoined(ctx context.Context, cl *kgo.Client, _ map[string][]
 	p.unregister(fenced)
 	starts, err := p.onAssigned(ctx, held)
 	if err != nil {
-		p.log.Error("recovering fenced partitions failed; they wait for the next rebalance", zap.Error(err))
+		p.holdUnrecovered(held, err)
 		return
 	}
 	set := map[string]map[int32]kgo.EpochOffset{}
@@ -519,6 +525,43 @@ func (p *Pipeline) onJoined(ctx context.Context, cl *kgo.Client, _ map[string][]
 	// The parked workers dropped what was fetched for them: fetch again
 	// from where recovery starts.
 	cl.SetOffsets(set)
+}
+
+// holdUnrecovered registers halted workers for partitions this member
+// holds and could not recover (err): they stay visible (not ready,
+// dam_halted), unfetched, and nothing of them is committed. Recovery cut
+// short by a rebalance, or fenced, is tried again at the next join
+// (onJoined takes fenced partitions back); any other error needs a person,
+// and the partition stays halted until it is assigned anew.
+func (p *Pipeline) holdUnrecovered(held map[string]map[int32]kgo.Offset, err error) {
+	p.log.Error("recovering partitions this member holds failed: they stay halted, and nothing of them is committed", zap.Error(err))
+	cause := fmt.Errorf("%w: recovery failed: %w", ErrHalted, err)
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, dedup.ErrFenced) {
+		cause = fmt.Errorf("%w: recovery cut short (%w); it runs again at the next rebalance", dedup.ErrFenced, err)
+	}
+	for topic, parts := range held {
+		rt := p.routes[topic]
+		if rt == nil {
+			continue
+		}
+		for part := range parts {
+			w := newWorker(p.base, p.deps, rt, part, recovered{committed: -1, startAt: -1},
+				p.log.With(zap.String("service", rt.service), zap.String("topic", rt.from), zap.Int32("partition", part)))
+			p.mu.Lock()
+			if p.stopping || p.workers[topic][part] != nil {
+				p.mu.Unlock()
+				continue
+			}
+			if p.workers[topic] == nil {
+				p.workers[topic] = map[int32]*worker{}
+			}
+			p.workers[topic][part] = w
+			p.mu.Unlock()
+			p.client.PauseFetchPartitions(map[string][]int32{topic: {part}})
+			w.start()
+			w.park(cause)
+		}
+	}
 }
 
 // onAssigned runs recovery (recover.go) for newly assigned partitions,
@@ -559,10 +602,20 @@ func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]
 			w.start()
 			started = append(started, w)
 			parts[part] = r.start.WithEpoch(-1)
+			if r.halt != nil {
+				w.park(r.halt)
+				p.client.PauseFetchPartitions(map[string][]int32{topic: {part}})
+			}
 		}
 		// A partition halted in exactly-once mode is paused (transact.go);
-		// assigned anew, it is fetched again.
-		p.client.ResumeFetchPartitions(map[string][]int32{topic: slices.Collect(maps.Keys(parts))})
+		// assigned anew, it is fetched again, unless recovery halts it.
+		var resume []int32
+		for part := range parts {
+			if r, ok := recovered[part]; ok && r.halt == nil {
+				resume = append(resume, part)
+			}
+		}
+		p.client.ResumeFetchPartitions(map[string][]int32{topic: resume})
 	}
 	return offsets, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -57,6 +58,8 @@ type replay struct {
 	// so that its next record is forwarded: a possible duplicate, never a
 	// loss.
 	owed map[string]int64
+	// versions: in version mode, the stored version of owed entities.
+	versions map[string]int64
 }
 
 // recovered is one partition's recovery result.
@@ -67,6 +70,77 @@ type recovered struct {
 	plan      plan
 	start     kgo.Offset // where fetching starts
 	startAt   int64      // its offset
+	// halt: the partition cannot go on (its input lost records dam had
+	// decided): it is assigned halted, and nothing of it is fetched.
+	halt error
+}
+
+// inputInfo is what recovery checks the progress against: the input
+// topic's id and each partition's end (high watermark).
+type inputInfo struct {
+	id   [16]byte
+	ends map[int32]int64
+}
+
+// readInput reads the id and the partitions' ends of an input topic.
+func (p *Pipeline) readInput(ctx context.Context, topic string) (inputInfo, error) {
+	adm := kadm.NewClient(p.client)
+	td, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		return inputInfo{}, err
+	}
+	d, ok := td[topic]
+	if !ok {
+		return inputInfo{}, fmt.Errorf("topic %s missing from the metadata", topic)
+	}
+	if d.Err != nil {
+		return inputInfo{}, fmt.Errorf("topic %s: %w", topic, d.Err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return inputInfo{}, err
+	}
+	in := inputInfo{id: d.ID, ends: map[int32]int64{}}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil {
+			in.ends[o.Partition] = o.Offset
+		}
+	})
+	return in, nil
+}
+
+// checkInput halts a partition whose input lost what dam decided of it:
+// the topic recreated under the same name (its id is not the one the
+// progress was made on), or truncated (P is past its end). DESIGN §2: never
+// skip silently, never read a new topic's records against the old one's
+// progress. A progress without a topic id gets the current one.
+func (p *Pipeline) checkInput(ctx context.Context, dp dedup.Partition, prog dedup.Progress, in inputInfo) error {
+	var zero [16]byte
+	lost := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s/%d: %s; the partition halts: to go on, reset its progress and the group's offset deliberately (see docs/delivery.md, the input recreated)",
+			ErrDataLoss, dp.Topic, dp.Partition, fmt.Sprintf(format, args...))
+	}
+	if in.id != zero && prog.TopicID != zero && in.id != prog.TopicID {
+		return lost("the topic was recreated: its id is %s, dam's progress was made on %s", uuidString(in.id), uuidString(prog.TopicID))
+	}
+	if end, ok := in.ends[dp.Partition]; ok && prog.HasNext && prog.Next > end {
+		return lost("dam decided up to offset %d but the partition ends at %d: records dam had reached are gone (was the topic deleted, recreated or truncated?)", prog.Next, end)
+	}
+	if in.id == zero || prog.TopicID != zero {
+		return nil
+	}
+	bound, err := p.store.BindTopic(ctx, dp, prog.Epoch, in.id)
+	if err != nil {
+		return err
+	}
+	if bound != in.id {
+		return lost("the topic was recreated: its id is %s, dam's progress was made on %s", uuidString(in.id), uuidString(bound))
+	}
+	return nil
+}
+
+func uuidString(id [16]byte) string {
+	return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16])
 }
 
 // recoverPartitions runs recovery for newly assigned partitions of one
@@ -102,7 +176,14 @@ func (p *Pipeline) recoverPartitions(ctx context.Context, rt *route, parts []int
 	if err != nil {
 		return nil, err
 	}
-	// 3. Plan.
+	// 3. Read what the input holds now.
+	input, err := retry.Do(ctx, p.retry, notify("reading the input topic"), func() (inputInfo, error) {
+		return p.readInput(ctx, rt.from)
+	})
+	if err != nil {
+		return nil, err
+	}
+	// 4. Plan.
 	for _, part := range parts {
 		dp := p.dpart(rt, part)
 		prog := progress[part]
@@ -110,6 +191,13 @@ func (p *Pipeline) recoverPartitions(ctx context.Context, rt *route, parts []int
 		r, err := retry.Do(ctx, p.retry, notify("planning"), func() (recovered, error) {
 			ctx, cancel := context.WithTimeout(ctx, p.deps.set.storeTimeout)
 			defer cancel()
+			if err := p.checkInput(ctx, dp, prog, input); err != nil {
+				if errors.Is(err, ErrDataLoss) {
+					return recovered{epoch: prog.Epoch, next: prog.Next, committed: -1, halt: err,
+						start: kgo.NewOffset().At(prog.Next), startAt: prog.Next}, nil
+				}
+				return recovered{}, permanentUnlessOutage(err)
+			}
 			return p.planPartition(ctx, rt, dp, prog, c, hasC)
 		})
 		if err != nil {
@@ -125,6 +213,10 @@ func (p *Pipeline) recoverPartitions(ctx context.Context, rt *route, parts []int
 		}
 		if r.plan.catchUpTo > 0 {
 			fields = append(fields, zap.Int64("catch_up_to", r.plan.catchUpTo))
+		}
+		if r.halt != nil {
+			log.Error("partition assigned halted", append(fields, zap.Error(r.halt))...)
+			continue
 		}
 		log.Info("partition assigned", fields...)
 	}
@@ -160,10 +252,15 @@ func (p *Pipeline) planPartition(ctx context.Context, rt *route, dp dedup.Partit
 		}
 		r.next, r.start, r.startAt = start, kgo.NewOffset().At(start), start
 	case !hasC:
+		// The group's offsets expired (or were never committed): the log
+		// holds what may not be delivered, from the committed offset dam
+		// last knew (the log rows below it, not yet pruned, were
+		// delivered).
 		first, ok, err := p.store.LogStart(ctx, dp)
 		if err != nil {
 			return r, err
 		}
+		first = max(first, prog.Delivered)
 		if ok && first < prog.Next {
 			if replaying, err := fromLog(first); err != nil || replaying {
 				return r, err
@@ -248,6 +345,14 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 	for ; i < len(recs) && recs[i].Offset < rp.until; i++ {
 		r := recs[i]
 		rp.skipTo(r.Offset)
+		var owedEntity []byte
+		owed := false
+		if len(rp.log) == 0 || rp.log[0].Offset != r.Offset {
+			var err error
+			if owedEntity, owed, err = w.owes(rp, r); err != nil {
+				return nil, err
+			}
+		}
 		if len(rp.log) > 0 && rp.log[0].Offset == r.Offset {
 			e := rp.log[0]
 			rp.log = rp.log[1:]
@@ -260,17 +365,21 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 				if cause == nil {
 					cause = errors.New("invalid when decided (the route's configuration changed since)")
 				}
-				if w.rt.dlq != "" {
-					j.add(w.rt.deadLetter(r, cause), r, outcomeRebuilt)
-				} else {
-					j.counts[outcomeRebuilt]++
+				if w.rt.dlq == "" {
+					// Its dead letter can go nowhere now: halt there,
+					// as bad input does on a route without dead_letter,
+					// rather than count it and drop it.
+					j.halt = fmt.Errorf("%w: %s/%d offset %d: dead-lettered when decided (%s), and route %s has no dead_letter topic now: restore dead_letter, or fix the input, and restart",
+						ErrHalted, r.Topic, r.Partition, r.Offset, boundDetail(cause.Error()), w.rt.service)
+					return nil, w.emit(j)
 				}
+				j.add(w.rt.deadLetter(r, cause), r, outcomeRebuilt)
 			}
-		} else if entity, owed := rp.owes(w.rt, r); owed {
+		} else if owed {
 			// A duplicate of a forward that can no longer be read: the
 			// adapter may never have received this content.
 			j.add(w.rt.output(r, false), r, outcomeRebuilt)
-			delete(rp.owed, string(entity))
+			delete(rp.owed, string(owedEntity))
 		} else if w.rt.shadow {
 			j.add(w.rt.output(r, true), r, outcomeRebuilt)
 		} else {
@@ -291,7 +400,7 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 			w.log.Warn("logged forwards can no longer be read and no later record of their entities is left before the progress; resetting the entities' state so that their next record is forwarded",
 				zap.Int("entities", len(entities)))
 			_, err := retryStep(w, sideDecide, "resetting unreadable entities", w.d.metrics.storeErrors, storeOp(func() (int64, error) {
-				ctx, cancel := w.storeCtx(w.dctx)
+				ctx, cancel := w.storeCtx(w.decideCtx())
 				defer cancel()
 				return w.d.store.Reset(ctx, w.rt.service, entities...)
 			}))
@@ -330,15 +439,48 @@ func (rp *replay) skipTo(offset int64) {
 	}
 }
 
-// owes reports whether r belongs to an owed entity (and which).
-func (rp *replay) owes(rt *route, r *kgo.Record) ([]byte, bool) {
+// owes reports whether r, not logged as forwarded, is what the replay
+// delivers for an owed entity (and which entity): the entity's next
+// readable record. In version mode, only a record whose version is the one
+// stored for the entity (the highest forwarded, which the unreadable
+// forward had or a later logged forward has) is delivered: an older
+// version, logged as stale, never is.
+func (w *worker) owes(rp *replay, r *kgo.Record) ([]byte, bool, error) {
 	if len(rp.owed) == 0 {
-		return nil, false
+		return nil, false, nil
 	}
-	entity, _, _, err := rt.identify(r)
+	entity, version, _, err := w.rt.identify(r)
 	if err != nil {
-		return nil, false
+		return nil, false, nil
 	}
-	_, ok := rp.owed[string(entity)]
-	return entity, ok
+	if _, ok := rp.owed[string(entity)]; !ok {
+		return nil, false, nil
+	}
+	if w.rt.rule.Mode != dedup.Version {
+		return entity, true, nil
+	}
+	if rp.versions == nil {
+		rp.versions = map[string]int64{}
+	}
+	stored, ok := rp.versions[string(entity)]
+	if !ok {
+		st, err := retryStep(w, sideDecide, "reading an owed entity's version", w.d.metrics.storeErrors, func() (dedup.State, error) {
+			ctx, cancel := w.storeCtx(w.decideCtx())
+			defer cancel()
+			st, err := w.d.store.GetMode(ctx, w.rt.service, entity, dedup.Version)
+			if errors.Is(err, dedup.ErrNotFound) {
+				return dedup.State{Version: math.MinInt64}, nil
+			}
+			if err != nil && !errors.Is(err, dedup.ErrUnavailable) {
+				return st, retry.Permanent(err)
+			}
+			return st, err
+		})
+		if err != nil {
+			return nil, false, err
+		}
+		stored = st.Version
+		rp.versions[string(entity)] = stored
+	}
+	return entity, version >= stored, nil
 }

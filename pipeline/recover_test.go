@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
@@ -272,4 +273,231 @@ func TestLostCommitReplyDuringOutage(t *testing.T) {
 		t.Error("the partition was fenced by its own committed batch")
 	}
 	r.stop()
+}
+
+// Issue 18, item 7: the input topic deleted and recreated while dam was
+// stopped halts the partition at recovery with an error naming it, in both
+// delivery modes: whether the new topic has fewer records than dam's
+// progress (its end is below P) or more (only its id tells), and with a
+// progress from before dam recorded topic ids. (dam logged "skipping
+// records below the decided progress" and never delivered the new
+// records.)
+func TestInputRecreatedWhileStoppedHalts(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		for _, c := range []struct {
+			name   string
+			newRecs int
+			noID   bool
+		}{{"shorter", 3, false}, {"longer", 8, false}, {"shorter, no topic id recorded", 3, true}} {
+			t.Run(delivery+" "+c.name, func(t *testing.T) {
+				t.Parallel()
+				kc := testkafka.New(t, 1, "in", "out")
+				dsn := pgtest.DSN(t)
+				cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+				store := openStore(t, dsn)
+				r := start(t, cfg, store)
+				for i := range 5 {
+					one(t, kc, "in", rec(fmt.Sprintf("k%d", i), `"v"`))
+				}
+				r.waitRecords("svc", 5)
+				waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 5)
+				r.stop()
+				if c.noID {
+					if _, err := store.Pool().Exec(context.Background(), `UPDATE progress SET topic_id = NULL`); err != nil {
+						t.Fatal(err)
+					}
+				}
+
+				adm := kadm.NewClient(kc.Client())
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if _, err := adm.DeleteTopic(ctx, "in"); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, "the topic gone", func() (bool, string) {
+					td, err := adm.ListTopics(ctx, "in")
+					return err == nil && !td.Has("in"), fmt.Sprint(td, err)
+				})
+				kc.CreateTopic("in", 1)
+				for i := range c.newRecs {
+					one(t, kc, "in", rec(fmt.Sprintf("new%d", i), `"after the recreation"`))
+				}
+
+				r = start(t, cfg, store)
+				var err error
+				waitFor(t, "the partition halted on data loss", func() (bool, string) {
+					err = r.pl.Ready()
+					return errors.Is(err, pipeline.ErrDataLoss), fmt.Sprint(err)
+				})
+				if !strings.Contains(err.Error(), "in/0") {
+					t.Errorf("Ready: %v, want the partition named", err)
+				}
+				if h := r.gauge("dam_halted", "svc"); h != 1 {
+					t.Errorf("dam_halted = %v, want 1", h)
+				}
+				time.Sleep(time.Second)
+				r.stop()
+				if out := kc.ReadAll("out"); len(out) != 5 {
+					t.Errorf("delivered %s, want the 5 records of the first topic alone", dump(out))
+				}
+			})
+		}
+	}
+}
+
+// Issue 18, item 8: when the group's committed offsets are gone (they
+// expired while the group sat empty), recovery replays the decision log
+// from the committed offset dam recorded, not from the log's first row:
+// after a clean stop nothing delivered is delivered again, in either
+// delivery mode. (The log rows of the last seconds before the stop, not yet
+// pruned, were replayed: repeats past the in-flight bound, and in
+// exactly-once mode.)
+func TestOffsetsExpiredReplaysNothingDelivered(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out")
+			dsn := pgtest.DSN(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			store := openStore(t, dsn)
+			r := start(t, cfg, store)
+			one(t, kc, "in", rec("a", `1`), rec("b", `1`), rec("c", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 3)
+			one(t, kc, "in", rec("a", `2`), rec("d", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 5)
+			r.stop()
+
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			adm := kadm.NewClient(kc.Client())
+			if _, err := adm.DeleteGroup(ctx, cfg.Kafka.Group); err != nil {
+				t.Fatal(err)
+			}
+			if offs, err := adm.FetchOffsets(ctx, cfg.Kafka.Group); (err != nil && !errors.Is(err, kerr.GroupIDNotFound)) || len(offs) != 0 {
+				t.Fatalf("committed offsets %v (%v), want none", offs, err)
+			}
+			r = start(t, cfg, store)
+			one(t, kc, "in", rec("e", `1`))
+			waitModel(t, kc, "out", map[string][]string{"a": {"1", "2"}, "b": {"1"}, "c": {"1"}, "d": {"1"}, "e": {"1"}})
+			r.stop()
+			if out := kc.ReadAll("out"); len(out) != 6 {
+				t.Errorf("delivered %d records, want 6 (nothing twice): %s", len(out), dump(out))
+			}
+		})
+	}
+}
+
+// Issue 18, item 9: a record dead-lettered when decided, replayed after the
+// route's dead_letter was removed, halts its partition with an error
+// saying so, in both delivery modes. (It was counted and dropped.)
+func TestReplayedDeadLetterWithoutDeadLetterTopicHalts(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out", "dlq")
+			dsn := pgtest.DSN(t)
+			rt := route("svc", "in", "out")
+			rt.DeadLetter = "dlq"
+			cfg := inMode(testConfig(t, kc, dsn, rt), delivery)
+			cfg.Pipeline.ShutdownGrace = time.Second
+			store := openStore(t, dsn)
+			r := start(t, cfg, store)
+			one(t, kc, "in", rec("a", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+			r.stop()
+			one(t, kc, "in", rec("b", `1`), rec("bad", `{bad`), rec("c", `1`))
+			gate := newProduceGate(t, kc, "out", "dlq")
+			gate.close()
+			r = start(t, cfg, store)
+			waitProgress(t, store, cfg, "in", 0, 4)
+			r.crash()
+			gate.open()
+
+			cfg.Routes[0].DeadLetter = ""
+			r = start(t, cfg, store)
+			var err error
+			waitFor(t, "the partition halted", func() (bool, string) {
+				err = r.pl.Ready()
+				return errors.Is(err, pipeline.ErrHalted), fmt.Sprint(err)
+			})
+			for _, s := range []string{"in/0 offset 2", "dead-lettered when decided", "no dead_letter"} {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("Ready: %v; want it to say %q", err, s)
+				}
+			}
+			r.stop()
+			if got := byKey(kc.ReadAll("out")); got["c"] != nil {
+				t.Errorf("c, after the halt, was delivered: %v", got)
+			}
+		})
+	}
+}
+
+// Issue 18, item 9: in version mode, the record a replay delivers for an
+// entity whose logged forward was compacted away is never a stale version:
+// o1 (k1 version 5) was forwarded and not delivered, o2 (k1 version 3,
+// stale) superseded it in compaction. The replay does not deliver o2; the
+// entity's state is reset, so its next record is forwarded.
+func TestVersionReplayDeliversNoStaleVersion(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "out.v", "dlq.v")
+	kc.CreateTopic("in.v", 1, "cleanup.policy", "compact")
+	gate := newProduceGate(t, kc, "out.v")
+	dsn := pgtest.DSN(t)
+	cfg := testConfig(t, kc, dsn, modeRoute("v", config.ModeVersion))
+	cfg.Pipeline.ShutdownGrace = 300 * time.Millisecond
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	one(t, kc, "in.v", rec("k0", `{"version":1}`))
+	r.waitRecords("v", 1)
+	gate.close()
+	one(t, kc, "in.v", rec("k1", `{"version":5}`)) // o1: forwarded, not delivered
+	one(t, kc, "in.v", rec("k1", `{"version":3}`)) // o2: stale; supersedes o1 in compaction
+	one(t, kc, "in.v", rec("k9", `{"version":1}`)) // o3: keeps o2 out of the last batch
+	waitProgress(t, store, cfg, "in.v", 0, 4)
+	r.crash()
+	kc.Compact()
+	if got := kc.ReadAll("in.v"); len(got) != 3 || got[1].Offset != 2 {
+		t.Fatalf("after compaction the input holds %s; want offsets 0, 2, 3", dump(got))
+	}
+	gate.open()
+	r = start(t, cfg, store)
+	waitModel(t, kc, "out.v", map[string][]string{"k0": {`{"version":1}`}, "k9": {`{"version":1}`}})
+	one(t, kc, "in.v", rec("k1", `{"version":4}`)) // the state was reset: forwarded
+	waitModel(t, kc, "out.v", map[string][]string{"k0": {`{"version":1}`}, "k1": {`{"version":4}`}, "k9": {`{"version":1}`}})
+	r.stop()
+	for _, o := range kc.ReadAll("out.v") {
+		if string(o.Key) == "k1" && string(o.Value) == `{"version":3}` {
+			t.Errorf("delivered the stale version 3 of k1: %s", dump(kc.ReadAll("out.v")))
+		}
+	}
+}
+
+// The decision log is pruned below the committed offset as batches are
+// delivered, in both delivery modes: it holds what may be undelivered, not
+// the whole history.
+func TestLogPrunedBelowCommitted(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out")
+			dsn := pgtest.DSN(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			store := openStore(t, dsn)
+			r := start(t, cfg, store)
+			one(t, kc, "in", rec("a", `1`), rec("b", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 2)
+			waitFor(t, "the log pruned below 2", func() (bool, string) {
+				var n int
+				err := store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM decision_log WHERE end_offset <= 2`).Scan(&n)
+				return err == nil && n == 0, fmt.Sprint(n, err)
+			})
+			r.stop()
+		})
+	}
 }

@@ -3,7 +3,9 @@ package pipeline
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -102,7 +104,8 @@ func (rt *route) classify(r *kgo.Record) (dedup.Record, error) {
 }
 
 // output builds the record delivered downstream: key, value, headers and
-// timestamp kept; the partition kept too with partitioning: preserve.
+// timestamp kept (but the input's dam-* headers: see inputHeaders); the
+// partition kept too with partitioning: preserve.
 func (rt *route) output(r *kgo.Record, duplicate bool) *kgo.Record {
 	out := &kgo.Record{
 		Topic:     rt.to,
@@ -118,8 +121,7 @@ func (rt *route) output(r *kgo.Record, duplicate bool) *kgo.Record {
 		n++
 	}
 	if n > 0 {
-		out.Headers = make([]kgo.RecordHeader, 0, n)
-		out.Headers = append(out.Headers, r.Headers...)
+		out.Headers = inputHeaders(make([]kgo.RecordHeader, 0, n), r.Headers)
 		if duplicate {
 			out.Headers = append(out.Headers, kgo.RecordHeader{Key: HeaderDuplicate, Value: []byte("true")})
 		}
@@ -127,13 +129,47 @@ func (rt *route) output(r *kgo.Record, duplicate bool) *kgo.Record {
 	return out
 }
 
+// headerPrefix begins every header dam writes.
+const headerPrefix = "dam-"
+
+// inputHeaders appends to dst the input's headers but those named dam-*
+// (in any case): only dam writes them, so that a producer cannot forge a
+// verdict (dam-duplicate) or a dead letter's source (dam-source-offset) a
+// consumer would trust.
+func inputHeaders(dst, hs []kgo.RecordHeader) []kgo.RecordHeader {
+	for _, h := range hs {
+		if len(h.Key) >= len(headerPrefix) && strings.EqualFold(h.Key[:len(headerPrefix)], headerPrefix) {
+			continue
+		}
+		dst = append(dst, h)
+	}
+	return dst
+}
+
+// maxDetail bounds an error's text where dam writes it for people (a
+// dead letter's dam-error header, a log line, a halt's error): errors may
+// quote input, and input is hostile.
+const maxDetail = 512
+
+// boundDetail cuts s to maxDetail bytes, on a character boundary, marking
+// the cut with "…".
+func boundDetail(s string) string {
+	if len(s) <= maxDetail {
+		return s
+	}
+	cut := maxDetail
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
 // deadLetter builds the dead letter of a bad record, with headers naming the
 // error and where the record came from.
 func (rt *route) deadLetter(r *kgo.Record, cause error) *kgo.Record {
-	h := make([]kgo.RecordHeader, 0, len(r.Headers)+4)
-	h = append(h, r.Headers...)
+	h := inputHeaders(make([]kgo.RecordHeader, 0, len(r.Headers)+4), r.Headers)
 	h = append(h,
-		kgo.RecordHeader{Key: HeaderError, Value: []byte(cause.Error())},
+		kgo.RecordHeader{Key: HeaderError, Value: []byte(boundDetail(cause.Error()))},
 		kgo.RecordHeader{Key: HeaderSourceTopic, Value: []byte(r.Topic)},
 		kgo.RecordHeader{Key: HeaderSourcePartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
 		kgo.RecordHeader{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
@@ -146,7 +182,7 @@ func (rt *route) deadLetter(r *kgo.Record, cause error) *kgo.Record {
 // headers, either of which may be what made it too large.
 func (rt *route) refusedLetter(r *kgo.Record, err error) *kgo.Record {
 	return &kgo.Record{Topic: rt.dlq, Key: r.Key, Timestamp: r.Timestamp, Headers: []kgo.RecordHeader{
-		{Key: HeaderError, Value: []byte("Kafka refused the record: " + err.Error())},
+		{Key: HeaderError, Value: []byte(boundDetail("Kafka refused the record: " + err.Error()))},
 		{Key: HeaderValueDropped, Value: []byte(strconv.Itoa(len(r.Value)))},
 		{Key: HeaderSourceTopic, Value: []byte(r.Topic)},
 		{Key: HeaderSourcePartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},

@@ -7,6 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 )
@@ -78,5 +79,52 @@ func TestShutdownDuringBrokerOutage(t *testing.T) {
 		t.Errorf("shutdown took %s during a broker outage, above shutdown_grace %s", took, cfg.Pipeline.ShutdownGrace)
 	} else {
 		t.Logf("shutdown took %s", took)
+	}
+}
+
+// Issue 18, item 4: a shutdown while PostgreSQL is down ends within
+// pipeline.shutdown_grace, in both delivery modes, and an exactly-once
+// round retrying its decide through the outage gives the group's
+// rebalance its poll back. (The round kept retrying under a context the
+// shutdown never canceled: the process outlived the grace period and was
+// killed, and a rebalance waited for the outage to end.)
+func TestShutdownDuringStoreOutage(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 2, "in", "out")
+			proxy, dsn, _ := pgProxy(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			cfg.Pipeline.ShutdownGrace = 3 * time.Second
+			cfg.Pipeline.RetryMax = 200 * time.Millisecond
+			r := start(t, cfg, openStore(t, dsn))
+			one(t, kc, "in", rec("k", `"A"`))
+			r.waitRecords("svc", 1)
+			proxy.Cut()
+			one(t, kc, "in", rec("k", `"B"`))
+			waitFor(t, "a failed decide", func() (bool, string) {
+				n := r.counter("dam_store_errors_total", "svc")
+				return n > 0, fmt.Sprint(n)
+			})
+			if delivery == config.DeliveryExactlyOnce {
+				// A second member joins: the rebalance must not wait for
+				// the outage to end (the first member gives a partition
+				// up; the second recovers it once the store is back).
+				b := start(t, cfg, openStore(t, dsn))
+				waitFor(t, "the first member giving a partition up", func() (bool, string) {
+					n := r.gauge("dam_partitions_assigned", "svc")
+					return n == 1, fmt.Sprint(n)
+				})
+				b.stop()
+			}
+			began := time.Now()
+			r.stop()
+			if took := time.Since(began); took > cfg.Pipeline.ShutdownGrace+time.Second {
+				t.Errorf("shutdown took %s during a store outage, above shutdown_grace %s", took, cfg.Pipeline.ShutdownGrace)
+			} else {
+				t.Logf("shutdown took %s", took)
+			}
+		})
 	}
 }

@@ -4,16 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/retry"
 )
 
 // Exactly-once delivery (kafka.delivery: exactly-once, DESIGN §2): the
@@ -60,34 +62,55 @@ func (p *Pipeline) transactionalID() string {
 
 // transactLoop runs rounds until ctx ends, or returns the error that stops
 // this instance (fenced by its own transactional id).
+//
+// Three contexts bound a round: ctx (the process's: a shutdown ends the
+// round's retries at once, and the loop after the round), the hard
+// deadline (the grace period after a shutdown: the round's calls end
+// there), and the round's own retry context, which a rebalance waiting for
+// the held poll also ends (OnPartitionsCallbackBlocked): a round that
+// retries through an outage gives the poll back instead of holding the
+// group's rebalance for the length of the outage.
 func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSession) error {
 	wait := p.retry.Backoff()
+	replanWait := p.retry.Backoff()
 	// A round in flight at shutdown gets the grace period to finish; then
 	// its transaction is given up (the next owner replays it).
-	rctx, rcancel := context.WithCancel(p.base)
-	defer rcancel()
+	hard, hardStop := context.WithCancel(p.base)
+	defer hardStop()
 	go func() {
 		select {
 		case <-ctx.Done():
-		case <-rctx.Done():
+		case <-hard.Done():
 			return
 		}
 		t := time.NewTimer(p.finishWithin())
 		defer t.Stop()
 		select {
 		case <-t.C:
-			rcancel()
-		case <-rctx.Done():
+			hardStop()
+		case <-hard.Done():
 		}
 	}()
 	for {
+		// Partitions whose last round did not commit are planned again
+		// first, between polls: nothing holds the group's rebalances
+		// meanwhile, and a shutdown is seen at once.
+		pctx, pcancel := ctx, context.CancelFunc(func() {})
+		if p.replanPending() {
+			// Some wait for the store: poll the others briefly, then
+			// try them again.
+			pctx, pcancel = context.WithTimeout(ctx, replanWait.NextBackOff())
+		} else {
+			replanWait.Reset()
+		}
 		// A round takes what was fetched, up to the in-flight budget
 		// (max_in_flight per assigned partition): with a backlog, each
 		// transaction's fixed costs (the decide transactions, AddOffsets,
 		// TxnOffsetCommit, a heartbeat, EndTxn) are shared by that many
 		// records; caught up, a round is what arrived since the last one.
 		maxPoll := p.cfg.Pipeline.MaxInFlight * max(1, int(p.deps.budget.partitions.Load()))
-		fetches := sess.PollRecords(ctx, maxPoll)
+		fetches := sess.PollRecords(pctx, maxPoll)
+		pcancel()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			sess.AllowRebalance()
 			return nil
@@ -96,7 +119,7 @@ func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSess
 		// A round holds what it polled until it ends (dam_records_in_flight).
 		n := int64(fetches.NumRecords())
 		p.deps.budget.queued.Add(n)
-		err := p.round(rctx, sess, fetches)
+		err := p.round(ctx, hard, sess, fetches)
 		p.deps.budget.queued.Add(-n)
 		sess.AllowRebalance()
 		switch {
@@ -114,18 +137,31 @@ func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSess
 	}
 }
 
+// onBlocked is told that a rebalance waits for the poll this process
+// holds: the round in flight stops retrying (an outage) and gives the poll
+// back; a round making progress finishes.
+func (p *Pipeline) onBlocked(context.Context, *kgo.Client) {
+	p.roundMu.Lock()
+	stop := p.roundStop
+	p.roundMu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
 // roundPart is one partition's share of a round.
 type roundPart struct {
 	w    *worker
 	recs []*kgo.Record
-	jobs []*job
+	jobs []*job // to deliver in this round; none while a replay is held
 	err  error
 }
 
 // round decides what was polled and delivers it in one transaction. It
 // returns nil once the transaction committed (or there was nothing to do);
-// otherwise the error, after the round's partitions are planned again.
-func (p *Pipeline) round(ctx context.Context, sess *kgo.GroupTransactSession, fetches kgo.Fetches) error {
+// otherwise the error, after the round's partitions are set to be planned
+// again.
+func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSession, fetches kgo.Fetches) error {
 	polled := time.Now()
 	var parts []*roundPart
 	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
@@ -133,10 +169,12 @@ func (p *Pipeline) round(ctx context.Context, sess *kgo.GroupTransactSession, fe
 			return
 		}
 		w := p.worker(ftp.Topic, ftp.Partition)
-		if w == nil || w.health.isParked() {
+		if w == nil || w.health.isParked() || w.replanning {
 			// Revoked meanwhile (the transaction aborts: franz-go sees the
-			// revocation), or halted: its offsets must not move.
-			if w != nil {
+			// revocation), halted, or waiting to be planned again: its
+			// records are not decided here, and the round commits nothing
+			// of it (roundCommits names only the partitions it decided).
+			if w != nil && w.health.isParked() {
 				p.holdHalted(w)
 			}
 			return
@@ -148,6 +186,16 @@ func (p *Pipeline) round(ctx context.Context, sess *kgo.GroupTransactSession, fe
 	if len(parts) == 0 {
 		return nil
 	}
+	retryCtx, stopRetries := context.WithCancel(ctx)
+	p.roundMu.Lock()
+	p.roundStop = stopRetries
+	p.roundMu.Unlock()
+	defer func() {
+		p.roundMu.Lock()
+		p.roundStop = nil
+		p.roundMu.Unlock()
+		stopRetries()
+	}()
 
 	// 1. Decide, partitions in parallel.
 	var wg sync.WaitGroup
@@ -155,16 +203,30 @@ func (p *Pipeline) round(ctx context.Context, sess *kgo.GroupTransactSession, fe
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rp.jobs, rp.err = rp.w.decideRound(rp.recs, polled)
-			if rp.err == nil {
-				for _, j := range rp.jobs {
-					rp.w.precheck(j)
-					if j.stuck > 0 {
-						s := j.out[j.stuck-1]
-						rp.err = fmt.Errorf("%w: %s/%d offset %d: Kafka refuses the record for good and route %s has no dead_letter topic: %v",
-							ErrHalted, s.src.Topic, s.src.Partition, s.src.Offset, rp.w.rt.service, s.err)
-						break
-					}
+			w := rp.w
+			ops, stopOps := mergeCtx(w.dctx, hard)
+			retries, stopR := mergeCtx(w.dctx, retryCtx)
+			w.roundOps, w.roundRetry = ops, retries
+			rp.jobs, rp.err = w.decideRound(rp.recs, polled)
+			w.roundOps, w.roundRetry = nil, nil
+			stopOps()
+			stopR()
+			if rp.err != nil {
+				return
+			}
+			if rp.jobs == nil {
+				// A replay not complete yet: held (see decideRound).
+				w.held += len(rp.recs)
+				p.deps.budget.queued.Add(int64(len(rp.recs)))
+				return
+			}
+			for _, j := range rp.jobs {
+				w.precheck(j)
+				if j.stuck > 0 {
+					s := j.out[j.stuck-1]
+					rp.err = fmt.Errorf("%w: %s/%d offset %d: Kafka refuses the record for good and route %s has no dead_letter topic: %v",
+						ErrHalted, s.src.Topic, s.src.Partition, s.src.Offset, w.rt.service, s.err)
+					break
 				}
 			}
 		}()
@@ -176,19 +238,32 @@ func (p *Pipeline) round(ctx context.Context, sess *kgo.GroupTransactSession, fe
 			continue
 		}
 		cause = errors.Join(cause, rp.err)
-		if rp.w.dctx.Err() == nil { // not stopped meanwhile: it halts
+		if rp.w.dctx.Err() == nil && !dedup.Transient(rp.err) && !errors.Is(rp.err, context.Canceled) {
+			// Not stopped meanwhile, and not an outage: it halts.
 			rp.w.park(rp.err)
 			p.holdHalted(rp.w)
 		}
 	}
 	if cause != nil {
-		return p.uncommitted(ctx, sess, parts, kgo.TryAbort, cause)
+		return p.uncommitted(hard, sess, parts, cause)
+	}
+	commits := p.roundCommits(parts)
+	produce := false
+	for _, rp := range parts {
+		for _, j := range rp.jobs {
+			produce = produce || len(j.out) > 0
+		}
+	}
+	if !produce && len(commits) == 0 {
+		// Only held replays and catch-up: nothing to deliver or commit.
+		p.delivered(parts)
+		return nil
 	}
 
-	// 2. Deliver: one transaction for every record of the round and every
-	// polled offset.
+	// 2. Deliver: one transaction for every record the round delivers and
+	// the offsets its partitions' jobs allow.
 	if err := sess.Begin(); err != nil {
-		return p.uncommitted(ctx, sess, parts, kgo.TryAbort, p.fenced(fmt.Errorf("beginning a transaction: %w", err)))
+		return p.uncommitted(hard, sess, parts, p.fenced(fmt.Errorf("beginning a transaction: %w", err)))
 	}
 	var (
 		pwg   sync.WaitGroup
@@ -200,7 +275,7 @@ func (p *Pipeline) round(ctx context.Context, sess *kgo.GroupTransactSession, fe
 			for i := range j.out {
 				o := &j.out[i]
 				pwg.Add(1)
-				sess.Produce(ctx, o.rec, func(_ *kgo.Record, err error) {
+				sess.Produce(hard, o.rec, func(_ *kgo.Record, err error) {
 					defer pwg.Done()
 					if err == nil {
 						return
@@ -216,14 +291,18 @@ func (p *Pipeline) round(ctx context.Context, sess *kgo.GroupTransactSession, fe
 				})
 			}
 		}
-		rp.w.step(StepProducing)
+		if len(rp.jobs) > 0 {
+			rp.w.step(StepProducing)
+		}
 	}
 	pwg.Wait()
 	if first != nil {
-		return p.uncommitted(ctx, sess, parts, kgo.TryAbort, first)
+		return p.uncommitted(hard, sess, parts, first)
 	}
 	for _, rp := range parts {
-		rp.w.step(StepAcked)
+		if len(rp.jobs) > 0 {
+			rp.w.step(StepAcked)
+		}
 	}
 	// End waits for a heartbeat between committing the offsets and
 	// EndTxn. If the group session broke meanwhile (a heartbeat lost with
@@ -232,22 +311,124 @@ func (p *Pipeline) round(ctx context.Context, sess *kgo.GroupTransactSession, fe
 	// transaction timeout (past it the broker aborts the transaction
 	// anyway), End gives up, aborts, and franz-go re-initializes the
 	// producer id on the abort below, which fences whatever is left.
-	endCtx, cancel := context.WithTimeout(ctx, p.cfg.Kafka.TransactionTimeout)
-	committed, err := sess.End(endCtx, kgo.TryCommit)
+	//
+	// franz-go commits every polled offset; the round rewrites its
+	// TxnOffsetCommit to the offsets its jobs allow (roundCommits).
+	endCtx, cancel := context.WithTimeout(hard, p.cfg.Kafka.TransactionTimeout)
+	committed, err := sess.End(kgo.PreTxnCommitFnContext(endCtx, rewriteCommits(commits)), kgo.TryCommit)
 	cancel()
 	if err != nil || !committed {
 		if err == nil {
 			err = errors.New("the transaction was aborted (a rebalance, or the group fenced this member)")
 		}
-		return p.uncommitted(ctx, sess, parts, kgo.TryAbort, p.fenced(err))
+		return p.uncommitted(hard, sess, parts, p.fenced(err))
 	}
+	p.delivered(parts)
+	p.recordDelivered(hard, commits)
+	return nil
+}
+
+// delivered accounts for the jobs a committed round delivered.
+func (p *Pipeline) delivered(parts []*roundPart) {
 	for _, rp := range parts {
+		if rp.jobs == nil {
+			continue // held
+		}
 		for _, j := range rp.jobs {
 			rp.w.delivered(j)
 		}
+		rp.w.dropRound()
 		rp.w.health.resume(sideDeliver)
 	}
-	return nil
+}
+
+// recordDelivered records the offsets a round committed in the store
+// (dedup.Progress.Delivered), in one statement: a recovery that finds no
+// committed offset in Kafka later (the group's offsets expired) then
+// replays nothing the round delivered. If it fails, the next decide of
+// each partition records them with its batch.
+func (p *Pipeline) recordDelivered(ctx context.Context, commits map[string]map[int32]kgo.EpochOffset) {
+	var ds []dedup.Delivered
+	for topic, parts := range commits {
+		for part, eo := range parts {
+			ds = append(ds, dedup.Delivered{Partition: dedup.Partition{Group: p.cfg.Kafka.Group, Topic: topic, Partition: part}, Offset: eo.Offset})
+		}
+	}
+	if len(ds) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.deps.set.storeTimeout)
+	defer cancel()
+	if err := p.store.SetDelivered(ctx, ds); err != nil && ctx.Err() == nil {
+		p.log.Warn("recording the committed offsets in the store failed; the next decides record them", zap.Error(err))
+	}
+}
+
+// roundCommits returns the offsets a round's transaction may commit: for
+// each partition that delivers in it, what its last job allows (commitTo),
+// and only when it is past the committed offset C. A catch-up below C, an
+// entity owed by a replay and a partition whose records the round did not
+// decide commit nothing: the transaction must not move C backwards, past
+// an owed entity, or past undecided records. A partition that produces
+// records without moving C re-commits C, so that the transaction's offset
+// commit, fenced by the group's generation (KIP-447), covers what it
+// produces.
+func (p *Pipeline) roundCommits(parts []*roundPart) map[string]map[int32]kgo.EpochOffset {
+	out := map[string]map[int32]kgo.EpochOffset{}
+	for _, rp := range parts {
+		w := rp.w
+		at := kgo.EpochOffset{Epoch: -1, Offset: -1}
+		produces := false
+		for _, j := range rp.jobs {
+			if j.commitTo > at.Offset {
+				at = kgo.EpochOffset{Epoch: j.epoch, Offset: j.commitTo}
+			}
+			produces = produces || len(j.out) > 0
+		}
+		switch {
+		case at.Offset > w.committed:
+		case produces && w.committed >= 0:
+			at = kgo.EpochOffset{Epoch: -1, Offset: w.committed}
+		default:
+			continue
+		}
+		if out[w.part.Topic] == nil {
+			out[w.part.Topic] = map[int32]kgo.EpochOffset{}
+		}
+		out[w.part.Topic][w.part.Partition] = at
+	}
+	return out
+}
+
+// rewriteCommits returns the hook that makes a transaction's offset commit
+// hold exactly commits, in place of every offset franz-go polled.
+func rewriteCommits(commits map[string]map[int32]kgo.EpochOffset) func(*kmsg.TxnOffsetCommitRequest) error {
+	return func(req *kmsg.TxnOffsetCommitRequest) error {
+		ids := make(map[string][16]byte, len(req.Topics))
+		for _, t := range req.Topics {
+			ids[t.Topic] = t.TopicID
+		}
+		req.Topics = req.Topics[:0]
+		for _, topic := range slices.Sorted(maps.Keys(commits)) {
+			rt := kmsg.NewTxnOffsetCommitRequestTopic()
+			rt.Topic, rt.TopicID = topic, ids[topic]
+			for _, part := range slices.Sorted(maps.Keys(commits[topic])) {
+				eo := commits[topic][part]
+				rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+				rp.Partition, rp.Offset, rp.LeaderEpoch, rp.Metadata = part, eo.Offset, eo.Epoch, &req.MemberID
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			req.Topics = append(req.Topics, rt)
+		}
+		return nil
+	}
+}
+
+// mergeCtx returns a context canceled when either a or b is.
+func mergeCtx(a, b context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(a)
+	stop := context.AfterFunc(b, func() { cancel(context.Cause(b)) })
+	return ctx, func() { stop(); cancel(nil) }
 }
 
 // fenced marks an error that means this instance's transactional id was
@@ -260,10 +441,11 @@ func (p *Pipeline) fenced(err error) error {
 }
 
 // uncommitted ends a round that does not commit: it aborts what the
-// transaction holds (the session rewinds to the committed offsets) and
-// plans each partition of the round again from Kafka's committed offset,
-// which is read from Kafka: the transaction may have committed after all.
-func (p *Pipeline) uncommitted(ctx context.Context, sess *kgo.GroupTransactSession, parts []*roundPart, end kgo.TransactionEndTry, cause error) error {
+// transaction holds (the session rewinds to the committed offsets) and sets
+// each partition of the round to be planned again from Kafka's committed
+// offset (replanPending): the transaction may have committed after all.
+func (p *Pipeline) uncommitted(hard context.Context, sess *kgo.GroupTransactSession, parts []*roundPart, cause error) error {
+	ctx := hard
 	if ctx.Err() != nil {
 		// Given up at shutdown: end what can be ended, briefly; the next
 		// owner's recovery settles the rest.
@@ -271,7 +453,7 @@ func (p *Pipeline) uncommitted(ctx context.Context, sess *kgo.GroupTransactSessi
 		ctx, cancel = context.WithTimeout(p.base, time.Second)
 		defer cancel()
 	}
-	if _, err := sess.End(ctx, end); err != nil {
+	if _, err := sess.End(ctx, kgo.TryAbort); err != nil {
 		cause = errors.Join(cause, p.fenced(fmt.Errorf("ending the transaction: %w", err)))
 	}
 	if errors.Is(cause, errProducerFenced) {
@@ -284,51 +466,99 @@ func (p *Pipeline) uncommitted(ctx context.Context, sess *kgo.GroupTransactSessi
 			continue // stopped or halted
 		}
 		w.health.pause(sideDeliver, cause)
-		if err := p.replan(w); err != nil {
-			if w.dctx.Err() == nil {
-				w.park(err)
-				p.holdHalted(w)
-			}
-		}
+		w.dropRound()
+		w.replanning = true
+		// Not fetched until it is planned again: what is buffered of it
+		// would be read from the wrong place.
+		p.client.PauseFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
 	}
 	return cause
 }
 
-// replan runs recovery again for a partition whose round did not commit:
-// P from PostgreSQL, C from Kafka (require-stable), the plan, and the
-// fetch position. The epoch is not bumped: the partition is still ours.
-func (p *Pipeline) replan(w *worker) error {
-	ctx := w.dctx
-	notify := func(err error, wait time.Duration) {
-		w.log.Warn("recovery after an uncommitted round failed: retrying", zap.Duration("retry_in", wait), zap.Error(err))
+// replanPending plans again the partitions whose round did not commit, one
+// attempt each, and reports whether some still wait (the store or the
+// broker does not answer: they stay paused and not fetched, and are tried
+// again after the next poll).
+func (p *Pipeline) replanPending() (pending bool) {
+	p.mu.Lock()
+	var ws []*worker
+	for _, parts := range p.workers {
+		for _, w := range parts {
+			if w.replanning {
+				ws = append(ws, w)
+			}
+		}
 	}
-	prog, err := retry.Do(ctx, p.retry, notify, storeOp(func() (dedup.Progress, error) {
-		ctx, cancel := w.storeCtx(ctx)
-		defer cancel()
-		return p.store.ReadProgress(ctx, w.part)
-	}))
+	p.mu.Unlock()
+	for _, w := range ws {
+		if w.dctx.Err() != nil || w.health.isParked() {
+			w.replanning = false
+			continue
+		}
+		err := p.replan(w)
+		switch {
+		case err == nil:
+			w.replanning = false
+			w.health.resume(sideDeliver)
+			p.client.ResumeFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
+		case w.dctx.Err() != nil:
+		case errors.Is(err, dedup.ErrFenced) || !transientReplan(err):
+			w.replanning = false
+			w.park(err)
+			p.holdHalted(w)
+		default:
+			pending = true
+			w.health.pause(sideDeliver, err)
+			w.log.Warn("planning the partition again after an uncommitted round failed; it stays paused and is tried again", zap.Error(err))
+		}
+	}
+	return pending
+}
+
+// transientReplan reports an error of replan that a later attempt may not
+// have: an outage of the store or of Kafka (anything but a store error
+// that is not an outage).
+func transientReplan(err error) bool {
+	var storeErr *storeError
+	return !errors.As(err, &storeErr) || dedup.Transient(storeErr.err)
+}
+
+// storeError marks an error of the store in replan.
+type storeError struct{ err error }
+
+func (e *storeError) Error() string { return e.err.Error() }
+func (e *storeError) Unwrap() error { return e.err }
+
+// replan runs recovery again, once, for a partition whose round did not
+// commit: P from PostgreSQL, C from Kafka (require-stable: a transaction
+// still in flight settles first), the plan, and the fetch position. The
+// epoch is not bumped: the partition is still ours.
+func (p *Pipeline) replan(w *worker) error {
+	ctx, cancel := w.storeCtx(w.dctx)
+	prog, err := p.store.ReadProgress(ctx, w.part)
+	cancel()
 	if err != nil {
-		return err
+		return &storeError{err}
 	}
 	if prog.Epoch != w.epoch {
 		return fmt.Errorf("%w: %s/%d: epoch %d, ours %d", dedup.ErrFenced, w.part.Topic, w.part.Partition, prog.Epoch, w.epoch)
 	}
-	committed, err := retry.Do(ctx, p.retry, notify, func() (map[int32]int64, error) {
-		return p.fetchCommitted(ctx, w.part.Topic, []int32{w.part.Partition})
-	})
+	// An offset commit in flight settles within the transaction timeout.
+	kctx, kcancel := context.WithTimeout(w.dctx, p.cfg.Kafka.TransactionTimeout+5*time.Second)
+	committed, err := p.fetchCommitted(kctx, w.part.Topic, []int32{w.part.Partition})
+	kcancel()
 	if err != nil {
-		return err
+		return fmt.Errorf("reading the committed offset: %w", err)
 	}
 	c, hasC := committed[w.part.Partition]
-	r, err := retry.Do(ctx, p.retry, notify, func() (recovered, error) {
-		ctx, cancel := w.storeCtx(ctx)
-		defer cancel()
-		return p.planPartition(ctx, w.rt, w.part, prog, c, hasC)
-	})
+	ctx, cancel = w.storeCtx(w.dctx)
+	r, err := p.planPartition(ctx, w.rt, w.part, prog, c, hasC)
+	cancel()
 	if err != nil {
-		return err
+		return &storeError{err}
 	}
-	w.plan, w.next, w.committed, w.fetchFrom, w.pending, w.round = r.plan, r.next, r.committed, r.startAt, nil, nil
+	w.plan, w.next, w.fetchFrom, w.pending = r.plan, r.next, r.startAt, nil
+	w.setCommitted(r.committed)
 	p.client.SetOffsets(map[string]map[int32]kgo.EpochOffset{w.part.Topic: {w.part.Partition: {Epoch: -1, Offset: r.startAt}}})
 	w.log.Info("partition planned again after an uncommitted round", zap.Int64("progress", r.next), zap.Int64("committed", r.committed),
 		zap.Int64("fetch_from", r.startAt), zap.Bool("replay", r.plan.replay != nil))
@@ -343,6 +573,9 @@ func (p *Pipeline) holdHalted(w *worker) {
 	at := w.committed
 	if at < 0 {
 		at = w.fetchFrom
+	}
+	if at < 0 {
+		return // never recovered: nothing of it was fetched from a known place
 	}
 	p.client.SetOffsets(map[string]map[int32]kgo.EpochOffset{w.part.Topic: {w.part.Partition: {Epoch: -1, Offset: at}}})
 }
@@ -359,9 +592,14 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // decideRound decides one round's records of the partition, in batches of
-// pipeline.batch_size, and returns the jobs to deliver.
+// up to pipeline.max_batch, and returns the jobs the round delivers: every
+// job decided and not yet delivered. While a replay is not complete it
+// returns none and holds its jobs: a replay is delivered whole, in one
+// transaction with the commit of its end. Delivering part of it and
+// committing less (an entity owed by the replay holds the commit back)
+// would deliver that part again at the next replay; committing more would
+// forget the owed entity.
 func (w *worker) decideRound(recs []*kgo.Record, polled time.Time) ([]*job, error) {
-	w.round = w.round[:0]
 	for len(recs) > 0 {
 		n := min(len(recs), w.d.set.maxBatch)
 		if err := w.process(recs[:n], polled); err != nil {
@@ -369,5 +607,17 @@ func (w *worker) decideRound(recs []*kgo.Record, polled time.Time) ([]*job, erro
 		}
 		recs = recs[n:]
 	}
+	if w.plan.replay != nil {
+		return nil, nil
+	}
 	return w.round, nil
+}
+
+// dropRound forgets the jobs not delivered (delivered, or to be decided
+// again after a new plan) and gives back what they held of the budget.
+func (w *worker) dropRound() {
+	w.round = nil
+	w.d.budget.queued.Add(-int64(w.held))
+	w.held = 0
+	w.d.budget.signal()
 }

@@ -91,13 +91,28 @@ type worker struct {
 	// Deliverer state.
 	committed int64 // the committed offset C as last known; -1: none
 	lastPrune time.Time
+	// knownC is committed, for the decider (Batch.Delivered) and for the
+	// record made when the worker ends.
+	knownC atomic.Int64
 
-	// Exactly-once state (transact.go): the jobs decided in the current
-	// round, and the input offsets whose output Kafka refused for good in
-	// an earlier round (aborted; its replay dead-letters them at once).
+	// Exactly-once state (transact.go): the jobs decided and not yet
+	// delivered (the current round's, or a replay's held until it is
+	// complete), and the input offsets whose output Kafka refused for good
+	// in an earlier round (aborted; its replay dead-letters them at once).
 	round     []*job
 	refusedAt map[int64]error
 	fetchFrom int64 // where recovery started fetching
+	// held: input records of the jobs in round kept past the end of a
+	// round (a replay not yet complete), counted in the budget.
+	held int
+	// replanning: the partition's last round did not commit; it is
+	// planned again (recovery from P and C) before it is fetched again.
+	replanning bool
+	// roundOps and roundRetry bound the decide side during a round: its
+	// calls end at the round's hard deadline, its retries at shutdown or
+	// when a rebalance waits for the round (nil outside a round and in
+	// at-least-once mode: dctx bounds both).
+	roundOps, roundRetry context.Context
 
 	health partHealth
 }
@@ -125,8 +140,15 @@ func newWorker(parent context.Context, d *deps, rt *route, partition int32, r re
 		fetchFrom: r.startAt,
 		refusedAt: map[int64]error{},
 	}
+	w.knownC.Store(r.committed)
 	w.proven()
 	return w
+}
+
+// setCommitted records a committed offset.
+func (w *worker) setCommitted(c int64) {
+	w.committed = c
+	w.knownC.Store(c)
 }
 
 func (w *worker) start() {
@@ -152,6 +174,7 @@ func (w *worker) start() {
 // budget of the records it took and did not deliver included.
 func (w *worker) ended() {
 	w.cancel()
+	w.recordDelivered()
 	if !w.d.transactional {
 		n := w.unreleased
 		for j := range w.jobs { // closed by the decider; what the deliverer left
@@ -164,6 +187,22 @@ func (w *worker) ended() {
 	w.d.metrics.assigned.WithLabelValues(w.rt.service).Dec()
 	w.d.metrics.lag.DeleteLabelValues(w.rt.service, w.label)
 	close(w.done)
+}
+
+// recordDelivered records the committed offset this worker knows in the
+// store, briefly (the worker has stopped: a stop in time, a revocation): a
+// recovery that finds no committed offset in Kafka later (the group's
+// offsets expired) then replays nothing this worker delivered.
+func (w *worker) recordDelivered() {
+	c := w.knownC.Load()
+	if c < 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), time.Second)
+	defer cancel()
+	if err := w.d.store.SetDelivered(ctx, []dedup.Delivered{{Partition: w.part, Offset: c}}); err != nil {
+		w.log.Warn("recording the committed offset in the store failed (a recovery without Kafka's committed offset may deliver again what was delivered since the last decide)", zap.Error(err))
+	}
 }
 
 // stop ends the worker and returns once it has ended. With finish (a
@@ -218,6 +257,15 @@ func (w *worker) park(err error) {
 	w.dcancel()
 }
 
+// decideCtx is the context of the decide side's calls: dctx, bounded in
+// exactly-once mode by the round's hard deadline.
+func (w *worker) decideCtx() context.Context {
+	if w.roundOps != nil {
+		return w.roundOps
+	}
+	return w.dctx
+}
+
 // storeCtx bounds one call to PostgreSQL (see settings.storeTimeout).
 func (w *worker) storeCtx(parent context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(parent, w.d.set.storeTimeout)
@@ -234,6 +282,9 @@ func retryStep[T any](w *worker, s side, what string, errs *prometheus.CounterVe
 	ctx := w.ctx
 	if s == sideDecide {
 		ctx = w.dctx
+		if w.roundRetry != nil {
+			ctx = w.roundRetry
+		}
 	}
 	v, err := retry.Do(ctx, w.d.set.retry, func(err error, wait time.Duration) {
 		errs.WithLabelValues(w.rt.service).Inc()

@@ -46,7 +46,8 @@ type harness struct {
 }
 
 // newHarness serves cfg (testConfig on a fresh schema, changed by mutate)
-// on an httptest server.
+// on an httptest server, every exchange checked against the OpenAPI
+// document (contract_test.go).
 func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
 	t.Helper()
 	dsn := pgtest.DSN(t)
@@ -68,7 +69,7 @@ func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
 	}
 	srv.Start(context.Background())
 	t.Cleanup(srv.Close) // after the HTTP server's close (cleanups run last first)
-	ts := httptest.NewServer(srv.Handler())
+	ts := httptest.NewServer(validated(t, srv.Handler()))
 	t.Cleanup(ts.Close)
 	return &harness{t: t, url: ts.URL, store: store, srv: srv}
 }

@@ -21,6 +21,7 @@
 //	POST   /v1/check:batch                {"checks":[...]} -> {"results":[...]}
 //	GET    /v1/state/{service}/{entity}   the stored state of an identity
 //	DELETE /v1/state/{service}/{entity}   reset it: its next check is forward
+//	GET    /v1/openapi.yaml               this API's OpenAPI 3.1 document (no token)
 //	GET    /metrics /healthz /readyz
 //
 // The /v1 endpoints need "Authorization: Bearer TOKEN" (401 without a
@@ -204,6 +205,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /v1/check:batch", s.instrument("check_batch", s.handleBatch))
 	mux.Handle("GET /v1/state/{service}/{entity}", s.instrument("state_get", s.handleStateGet))
 	mux.Handle("DELETE /v1/state/{service}/{entity}", s.instrument("state_delete", s.handleStateDelete))
+	mux.Handle("GET /v1/openapi.yaml", s.instrument("openapi", handleOpenAPI))
 	mux.Handle("/v1/", s.instrument("other", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, codeNotFound, fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
 	}))

@@ -1,0 +1,1 @@
+ALTER TABLE progress DROP COLUMN delivered, DROP COLUMN topic_id;

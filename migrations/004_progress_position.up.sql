@@ -1,0 +1,12 @@
+-- progress.delivered: the group's committed offset C as its owner last
+-- knew it, recorded with each decide (lagging by what was in flight), after
+-- each exactly-once round and at a clean stop. When Kafka has no committed
+-- offset any more (the group's offsets expired), recovery replays the
+-- decision log from here instead of from its first row, whose batches
+-- below it were delivered already.
+--
+-- progress.topic_id: the input topic's id (Kafka's topic UUID) when dam
+-- first decided the partition. A topic deleted and recreated under the
+-- same name has a new id: recovery halts the partition instead of reading
+-- the new topic's records against the old one's progress.
+ALTER TABLE progress ADD COLUMN delivered bigint, ADD COLUMN topic_id uuid;

@@ -1,0 +1,260 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/pipeline"
+)
+
+// deliveries are the delivery modes a test runs in.
+var deliveries = []string{config.DeliveryAtLeastOnce, config.DeliveryExactlyOnce}
+
+// inMode sets cfg's delivery mode (with a transactional id of its own in
+// exactly-once mode).
+func inMode(cfg config.Config, delivery string) config.Config {
+	cfg.Kafka.Delivery = delivery
+	if delivery == config.DeliveryExactlyOnce {
+		cfg.Kafka.TransactionalID = cfg.Kafka.Group + "-tx"
+	}
+	return cfg
+}
+
+// Poison records (issue 18, items 10 to 12), each written by any producer:
+// an identity longer than the store can index (a key, an Idempotency-Key
+// header, a pointer value, an entity header), forged dam-* headers, and a
+// duplicate member name of 490 kB. Each goes to the dead-letter topic with
+// a short error naming it (or, forged headers, is forwarded without them),
+// and the good records around them go on, in every mode and both delivery
+// modes. (A 3,000-byte key used to fail the store's insert and halt the
+// partition for good, dead_letter or not; the headers were kept; the huge
+// name made a dead letter too large to produce.)
+func TestPoisonRecords(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			testPoisonRecords(t, delivery)
+		})
+	}
+}
+
+func testPoisonRecords(t *testing.T, delivery string) {
+	long := strings.Repeat("k", 3000)
+	kc := testkafka.New(t, 1, modeTopics("key", "win", "ptr", "hdr")...)
+	dsn := pgtest.DSN(t)
+	key := modeRoute("key", config.ModeLastSeen)
+	win := modeRoute("win", config.ModeWindow)
+	ptr := modeRoute("ptr", config.ModeLastSeen)
+	ptr.Entity = "/id"
+	hdr := modeRoute("hdr", config.ModeVersion)
+	hdr.Entity = "header:Entity-Id"
+	cfg := inMode(testConfig(t, kc, dsn, key, win, ptr, hdr), delivery)
+	r := start(t, cfg, openStore(t, dsn))
+
+	huge := strings.Repeat("n", 490_000)
+	produceTo(t, kc, "in.key",
+		rec("a", `1`), rec(long, `1`), hrec("b", `2`, "dam-duplicate", "true", "trace", "t1"),
+		hrec("c", `{"`+huge+`":1,"`+huge+`":2}`, "dam-source-offset", "999999"), rec("a", `3`))
+	produceTo(t, kc, "in.win",
+		hrec("x", `1`, "Idempotency-Key", "id-1"), hrec("x", `1`, "Idempotency-Key", long), hrec("x", `2`, "Idempotency-Key", "id-2"))
+	produceTo(t, kc, "in.ptr", rec("p", `{"id":"e1"}`), rec("p", `{"id":"`+long+`"}`), rec("p", `{"id":"e2"}`))
+	produceTo(t, kc, "in.hdr",
+		hrec("v", `{"version":1}`, "Entity-Id", "h1"), hrec("v", `{"version":1}`, "Entity-Id", long), hrec("v", `{"version":2}`, "Entity-Id", "h1"))
+	for service, n := range map[string]int{"key": 5, "win": 3, "ptr": 3, "hdr": 3} {
+		r.waitRecords(service, n)
+	}
+
+	want := map[string][]string{"out.key": {"1", "2", "3"}, "out.win": {"1", "2"}, "out.ptr": {`{"id":"e1"}`, `{"id":"e2"}`},
+		"out.hdr": {`{"version":1}`, `{"version":2}`}}
+	for topic, w := range want {
+		out := waitOutput(t, kc, topic, len(w))
+		if got := values(out); !slices.Equal(got, w) {
+			t.Errorf("%s: %q, want %q", topic, got, w)
+		}
+		for _, o := range out {
+			for _, h := range o.Headers {
+				if strings.HasPrefix(strings.ToLower(h.Key), "dam-") {
+					t.Errorf("%s: forwarded %s with the input's header %s=%q", topic, o.Key, h.Key, h.Value)
+				}
+			}
+			if string(o.Key) == "b" && headers(o)["trace"] != "t1" {
+				t.Errorf("%s: the other headers are kept: %v", topic, headers(o))
+			}
+		}
+	}
+	wantDLQ := map[string][]string{
+		"dlq.key": {"identity out of bounds", "duplicate member"},
+		"dlq.win": {"identity out of bounds"}, "dlq.ptr": {"identity out of bounds"}, "dlq.hdr": {"identity out of bounds"},
+	}
+	for topic, errs := range wantDLQ {
+		dl := waitOutput(t, kc, topic, len(errs))
+		for i, d := range dl {
+			h := headers(d)
+			if !strings.Contains(h[pipeline.HeaderError], errs[i]) || len(h[pipeline.HeaderError]) > 600 {
+				t.Errorf("%s[%d]: %s=%.200q (%d bytes), want a short error saying %q", topic, i, pipeline.HeaderError, h[pipeline.HeaderError], len(h[pipeline.HeaderError]), errs[i])
+			}
+			n := 0
+			for _, x := range d.Headers {
+				if x.Key == pipeline.HeaderSourceOffset {
+					n++
+					if want := fmt.Sprint(d.Offset); topic == "dlq.key" && i == 1 && string(x.Value) != "3" {
+						t.Errorf("%s: %s=%s, want the real offset 3 (%s)", topic, x.Key, x.Value, want)
+					}
+				}
+			}
+			if n != 1 {
+				t.Errorf("%s[%d]: %d %s headers, want one (dam's)", topic, i, n, pipeline.HeaderSourceOffset)
+			}
+		}
+	}
+	if err := r.pl.Ready(); err != nil {
+		t.Errorf("not ready after poison records: %v", err)
+	}
+	r.stop()
+}
+
+// Without a dead-letter topic, an identity past the limit halts its
+// partition at that record, with an error naming topic, partition and
+// offset; the records before it are delivered.
+func TestLongIdentityHaltsWithoutDeadLetter(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out")
+			dsn := pgtest.DSN(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			r := start(t, cfg, openStore(t, dsn))
+			one(t, kc, "in", rec("a", `1`), rec(strings.Repeat("k", 3000), `1`), rec("b", `1`))
+			var err error
+			waitFor(t, "the partition halted", func() (bool, string) {
+				err = r.pl.Ready()
+				return errors.Is(err, pipeline.ErrHalted), fmt.Sprint(err)
+			})
+			for _, s := range []string{"in/0 offset 1", "identity out of bounds", "longer than the limit of 1024"} {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("Ready: %v; want it to say %q", err, s)
+				}
+			}
+			if delivery == config.DeliveryExactlyOnce {
+				// The round holding the record aborts: what it decided
+				// before the record waits with it (docs/delivery.md).
+				r.stop()
+				if out := kc.ReadAll("out"); len(out) != 0 {
+					t.Errorf("delivered %s, want nothing of the halted round", dump(out))
+				}
+				return
+			}
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+			if out := kc.ReadAll("out"); len(out) != 1 || string(out[0].Key) != "a" {
+				t.Errorf("delivered %s, want a alone", dump(out))
+			}
+			r.stop()
+		})
+	}
+}
+
+// storeRefuses makes the store itself refuse to write the state of entity
+// poison (a data exception, as an index row too large was), the way a
+// record that passed dam's own checks could still be refused.
+func storeRefuses(t *testing.T, dsn string) {
+	t.Helper()
+	st := openStore(t, dsn)
+	if _, err := st.Pool().Exec(context.Background(), `
+		CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.entity = 'poison'::bytea THEN
+				RAISE EXCEPTION 'value refused for the test' USING ERRCODE = '22023';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON state FOR EACH ROW EXECUTE FUNCTION refuse_poison();`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// No error of the store about one record halts a partition that has a
+// dead-letter topic (issue 18, item 10): the batch is decided again one
+// record at a time, the record the store refuses alone is dead-lettered
+// with the store's error, and everything around it is decided as usual.
+// Without a dead-letter topic the partition halts at that record, naming
+// its offset.
+func TestStoreRefusesOneRecord(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		for _, dlq := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s dead_letter=%v", delivery, dlq), func(t *testing.T) {
+				t.Parallel()
+				kc := testkafka.New(t, 1, "in", "out", "dlq")
+				dsn := pgtest.DSN(t)
+				rt := route("svc", "in", "out")
+				if dlq {
+					rt.DeadLetter = "dlq"
+				}
+				cfg := inMode(testConfig(t, kc, dsn, rt), delivery)
+				store := openStore(t, dsn)
+				r := start(t, cfg, store)
+				one(t, kc, "in", rec("a", `1`))
+				r.waitRecords("svc", 1)
+				storeRefuses(t, dsn)
+				one(t, kc, "in", rec("b", `1`), rec("a", `1`), rec("poison", `1`), rec("c", `1`), rec("a", `2`))
+				if !dlq {
+					var err error
+					waitFor(t, "the partition halted", func() (bool, string) {
+						err = r.pl.Ready()
+						return errors.Is(err, pipeline.ErrHalted), fmt.Sprint(err)
+					})
+					if !strings.Contains(err.Error(), "in/0 offset 3") || !strings.Contains(err.Error(), "the store refuses the record") {
+						t.Errorf("Ready: %v; want the offset and the cause", err)
+					}
+					wantOut, wantC := []string{"1", "1"}, int64(3)
+					if delivery == config.DeliveryExactlyOnce {
+						// The round holding the record aborts: b waits
+						// with it (docs/delivery.md).
+						wantOut, wantC = []string{"1"}, 1
+					}
+					waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, wantC)
+					r.stop()
+					if got := values(kc.ReadAll("out")); !slices.Equal(got, wantOut) {
+						t.Errorf("delivered %q, want %q", got, wantOut)
+					}
+					return
+				}
+				r.waitRecords("svc", 6)
+				got := byKey(waitOutput(t, kc, "out", 4))
+				want := map[string][]string{"a": {"1", "2"}, "b": {"1"}, "c": {"1"}}
+				for k, w := range want {
+					if !slices.Equal(got[k], w) {
+						t.Errorf("%s: %q, want %q", k, got[k], w)
+					}
+				}
+				dl := waitOutput(t, kc, "dlq", 1)
+				if h := headers(dl[0]); string(dl[0].Key) != "poison" || !strings.Contains(h[pipeline.HeaderError], "the store refuses the record") ||
+					!strings.Contains(h[pipeline.HeaderError], "22023") {
+					t.Errorf("dead letter %s: %v", dl[0].Key, h)
+				}
+				if _, err := store.Get(context.Background(), "svc", []byte("poison")); !errors.Is(err, dedup.ErrNotFound) {
+					t.Errorf("the refused record has state: %v", err)
+				}
+				if err := r.pl.Ready(); err != nil {
+					t.Errorf("not ready: %v", err)
+				}
+				r.stop()
+			})
+		}
+	}
+}
+
+// keep kgo imported for the helpers above.
+var _ = kgo.Record{}
