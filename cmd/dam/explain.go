@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -236,75 +237,64 @@ func readPayload(cmd *cobra.Command, name string, route *pipeline.Route) ([]byte
 	return b, nil
 }
 
-// exact prints a time to the microsecond, as explanations do.
-func exact(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
-
 func printPayload(w io.Writer, r *explain.PayloadExplanation) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "service\t%s\n", r.Service)
-	if r.Mode == dedup.Window.String() {
-		fmt.Fprintf(tw, "id\t%s\n", r.Entity)
-	} else {
-		fmt.Fprintf(tw, "entity\t%s\n", r.Entity)
-	}
-	fmt.Fprintf(tw, "mode\t%s\n", r.Rule)
-	fmt.Fprintf(tw, "hashing\t%s\n", r.Hashing)
+	var now, version, diff string
 	if r.Window != nil || r.Refresh != nil {
-		fmt.Fprintf(tw, "now\t%s (the database's clock)\n", exact(r.Now))
-	}
-	fmt.Fprintf(tw, "stored\t%s\n", r.Stored)
-	if r.ModeChange != "" {
-		fmt.Fprintf(tw, "mode change\t%s\n", r.ModeChange)
-	}
-	if r.Digest != "" {
-		fmt.Fprintf(tw, "payload\t%s\n", r.Digest)
+		now = r.Now.UTC().Format(time.RFC3339Nano) + " (the database's clock)"
 	}
 	if r.Version != nil {
-		fmt.Fprintf(tw, "version\t%d\n", *r.Version)
+		version = strconv.FormatInt(*r.Version, 10)
 	}
-	if r.Decision != "" {
-		fmt.Fprintf(tw, "decision\t%s: %s\n", r.Decision, r.Reason)
-	} else {
-		fmt.Fprintf(tw, "note\t%s\n", r.Reason)
+	decision, note := r.Decision+": "+r.Reason, "" // without a payload, a note
+	if r.Decision == "" {
+		decision, note = "", r.Reason
 	}
 	if r.Difference != nil {
-		fmt.Fprintf(tw, "difference\t%s (stored -> payload)\n", r.Difference)
+		diff = r.Difference.String() + " (stored -> payload)"
 	}
-	if r.StoredContent != "" {
-		fmt.Fprintf(tw, "difference\t%s\n", r.StoredContent)
-	}
-	return tw.Flush()
+	return printRows(w, [][2]string{{"service", r.Service}, {identityLabel(r.Mode), r.Entity}, {"mode", r.Rule},
+		{"hashing", r.Hashing}, {"now", now}, {"stored", r.Stored.String()}, {"mode change", r.ModeChange},
+		{"payload", r.Digest}, {"version", version}, {"decision", decision}, {"note", note},
+		{"difference", diff}, {"difference", r.StoredContent}})
 }
 
 func printOffset(w io.Writer, r *explain.OffsetExplanation) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	rec := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
 	if r.Timestamp != nil {
 		rec += ", " + r.Timestamp.UTC().Format(time.RFC3339)
 	}
-	fmt.Fprintf(tw, "record\t%s\n", rec)
-	fmt.Fprintf(tw, "service\t%s\n", r.Service)
-	fmt.Fprintf(tw, "mode\t%s\n", r.Rule)
-	if r.Entity != "" || r.EntityHex != "" {
-		if r.Mode == dedup.Window.String() {
-			fmt.Fprintf(tw, "id\t%s\n", r.Entity)
-		} else {
-			fmt.Fprintf(tw, "entity\t%s\n", r.Entity)
-		}
-	}
-	if r.Digest != "" {
-		fmt.Fprintf(tw, "digest\t%s\n", r.Digest)
-	}
+	var version, diff string
 	if r.Version != nil {
-		fmt.Fprintf(tw, "version\t%d\n", *r.Version)
+		version = strconv.FormatInt(*r.Version, 10)
 	}
-	fmt.Fprintf(tw, "decision\t%s\n", r.Decision)
-	fmt.Fprintf(tw, "why\t%s\n", r.Reason)
 	if r.Difference != nil {
-		fmt.Fprintf(tw, "difference\t%s (offset %d -> %d)\n", r.Difference, r.DifferenceFrom, r.Offset)
+		diff = fmt.Sprintf("%s (offset %d -> %d)", r.Difference, r.DifferenceFrom, r.Offset)
 	}
+	rows := [][2]string{{"record", rec}, {"service", r.Service}, {"mode", r.Rule}, {identityLabel(r.Mode), r.Entity},
+		{"digest", r.Digest}, {"version", version}, {"decision", r.Decision}, {"why", r.Reason}, {"difference", diff}}
 	for _, e := range r.Evidence {
-		fmt.Fprintf(tw, "evidence\t%s\n", e)
+		rows = append(rows, [2]string{"evidence", e})
+	}
+	return printRows(w, rows)
+}
+
+// identityLabel names an explanation's identity: an id in window mode, else
+// an entity.
+func identityLabel(mode string) string {
+	if mode == dedup.Window.String() {
+		return "id"
+	}
+	return "entity"
+}
+
+// printRows prints label and value rows in two columns, leaving out the
+// rows without a value.
+func printRows(w io.Writer, rows [][2]string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, r := range rows {
+		if r[1] != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
+		}
 	}
 	return tw.Flush()
 }
