@@ -32,6 +32,9 @@ CHART := charts/dam
 # Packages with fuzz targets; `make fuzz` explores each target for FUZZTIME.
 FUZZTIME ?= 15s
 TEST_TIMEOUT ?= 20m
+# The build tag of the test hooks (DAM_TEST_PAUSE_AT, DAM_TEST_CPUPROFILE):
+# the tests and make chaos build dam with it; go build ./cmd/dam has none.
+TEST_TAGS := damtest
 DEMO_RECORDS ?= 20000
 
 .DEFAULT_GOAL := help
@@ -63,7 +66,8 @@ $(APILINT)/node_modules/.package-lock.json: $(APILINT)/package.json $(APILINT)/p
 .PHONY: test
 test: deps chart rules ## Run every test with -race (starts a throwaway PostgreSQL when none is reachable), lint and render the chart, test the alert rules
 	$(GO) vet ./...
-	HELM=$(CURDIR)/$(HELM) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) vet -tags $(TEST_TAGS) ./...
+	HELM=$(CURDIR)/$(HELM) $(GO) test -tags $(TEST_TAGS) -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 $(HELM):
 	@mkdir -p bin
@@ -137,14 +141,16 @@ bench: ## Run the benchmarks and print ratios against same-run baselines (BASE=<
 .PHONY: chaos
 chaos: ## Run every chaos scenario at full size through the real binary (about 15 minutes) and print the table (also in chaos.txt)
 	@rm -f chaos.txt; status=0; \
-	DAM_TEST_CHAOS=full DAM_TEST_CHAOS_TABLE=$(CURDIR)/chaos.txt $(GO) test -count=1 -timeout 80m -run '^TestChaos$$' ./internal/e2e || status=$$?; \
+	DAM_TEST_CHAOS=full DAM_TEST_CHAOS_TABLE=$(CURDIR)/chaos.txt $(GO) test -tags $(TEST_TAGS) -count=1 -timeout 80m -run '^TestChaos$$' ./internal/e2e || status=$$?; \
 	if [ -f chaos.txt ]; then cat chaos.txt; else echo "chaos: no table written"; fi; exit $$status
 
 .PHONY: lint
 lint: $(GORELEASER) $(APILINT)/node_modules/.package-lock.json ## gofmt, go vet and staticcheck (pinned), goreleaser check, the OpenAPI document (Redocly CLI), the generated client current
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags $(TEST_TAGS) ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags $(TEST_TAGS) ./cmd/dam
 	$(GORELEASER) check
 	$(REDOCLY) lint --config $(APILINT)/redocly.yaml --format=stylish serve/openapi.yaml
 	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \

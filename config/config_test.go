@@ -575,6 +575,12 @@ func TestRedactDSN(t *testing.T) {
 		"host=db password = 's3 cr\\'et' dbname=dam":        "host=db password = xxxxx dbname=dam",
 		"host=db PASSWORD=s3cret":                           "host=db PASSWORD=xxxxx",
 		"postgres://dam:s3cret@db:bad port/dam":             "xxxxx",
+		// Every key that ends in "password" (issue 19, item 10).
+		"postgres://db/dam?sslpassword=s3cret&sslmode=verify-full": "postgres://db/dam?sslmode=verify-full&sslpassword=xxxxx",
+		"postgres://db/dam?SSLPassword=s3cret":                     "postgres://db/dam?SSLPassword=xxxxx",
+		"host=db sslpassword=s3cret sslkey=/k.pem":                 "host=db sslpassword=xxxxx sslkey=/k.pem",
+		"host=db sslpassword='s3 cret' password=other":             "host=db sslpassword=xxxxx password=xxxxx",
+		"host=db SSLPASSWORD = s3cret":                             "host=db SSLPASSWORD = xxxxx",
 	} {
 		if got := RedactDSN(in); got != want {
 			t.Errorf("RedactDSN(%q) = %q, want %q", in, got, want)

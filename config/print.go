@@ -15,9 +15,8 @@ import (
 // Mask is the text replacing secrets in Redacted's result.
 const Mask = "xxxxx"
 
-// Redacted returns a copy of c safe to print: the password in
-// postgres.dsn (URL user info, a "password" query parameter or a
-// key=value "password=..." pair), kafka.sasl.password, serve.token and
+// Redacted returns a copy of c safe to print: the passwords in
+// postgres.dsn (see RedactDSN), kafka.sasl.password, serve.token and
 // serve.tokens[].token are replaced by "xxxxx".
 func (c Config) Redacted() Config {
 	c.Postgres.DSN = RedactDSN(c.Postgres.DSN)
@@ -46,13 +45,10 @@ func slicesClone[T any](s []T) []T {
 	return append([]T(nil), s...)
 }
 
-// kvPassword matches a password in a key=value DSN: a quoted value with
-// backslash escapes, or a bare word.
-var kvPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)`)
-
-// RedactDSN returns dsn with its password replaced by "xxxxx". A URL that
-// cannot be parsed is replaced entirely, since where its password lies is
-// unknown.
+// RedactDSN returns dsn with every parameter whose name ends in
+// "password" (password, sslpassword), in the URL and the key=value forms,
+// and a URL's user password, replaced by "xxxxx". A URL that cannot be
+// parsed is replaced entirely, since where its secrets lie is unknown.
 func RedactDSN(dsn string) string {
 	if dsn == "" {
 		return ""
@@ -70,13 +66,26 @@ func RedactDSN(dsn string) string {
 		}
 	}
 	q := u.Query()
+	changed := false
 	for name := range q {
-		if strings.EqualFold(name, "password") {
+		if isPassword(name) {
 			q[name] = []string{Mask}
-			u.RawQuery = q.Encode()
+			changed = true
 		}
 	}
+	if changed {
+		u.RawQuery = q.Encode()
+	}
 	return u.String()
+}
+
+// kvPassword matches a key=value pair whose key ends in "password": the
+// value is a quoted string with backslash escapes, or a bare word.
+var kvPassword = regexp.MustCompile(`(?i)(\b\w*password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)`)
+
+// isPassword reports a DSN parameter that holds a secret.
+func isPassword(name string) bool {
+	return strings.HasSuffix(strings.ToLower(name), "password")
 }
 
 // YAML returns c as YAML in field order, with the keys Load reads, so that

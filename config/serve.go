@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -26,9 +27,23 @@ type Serve struct {
 	// settable from the environment. Default none. `dam serve` needs at
 	// least one token here or in Token.
 	Tokens []ServeToken `koanf:"tokens"`
+	// TLS serves the API over HTTPS when set. Default off: plain HTTP,
+	// for a mesh or a load balancer that terminates TLS.
+	TLS ServeTLS `koanf:"tls"`
 	// MaxBodyBytes bounds a request body; a larger one gets 413. Default
 	// 4194304 (4 MiB).
 	MaxBodyBytes int `koanf:"max_body_bytes"`
+	// MaxInFlightBytes bounds the request bodies being read or held at
+	// once: a request takes room for its body (its Content-Length, or
+	// MaxBodyBytes when it announces none) before reading it, and waits
+	// for room up to RequestTimeout, then gets 503 with Retry-After. At
+	// least MaxBodyBytes. Default 33554432 (32 MiB).
+	MaxInFlightBytes int `koanf:"max_in_flight_bytes"`
+	// MaxConnections bounds the connections served at once (each is one
+	// request at a time: HTTP/1.1). A connection beyond it waits up to
+	// RequestTimeout for one to close (an idle keep-alive connection is
+	// closed to make room), then gets 503 with Retry-After. Default 1024.
+	MaxConnections int `koanf:"max_connections"`
 	// MaxBatch bounds the checks of one /v1/check:batch request. Default
 	// 500.
 	MaxBatch int `koanf:"max_batch"`
@@ -39,6 +54,19 @@ type Serve struct {
 	// SIGTERM. Default 10s.
 	ShutdownGrace time.Duration `koanf:"shutdown_grace"`
 }
+
+// ServeTLS is the certificate `dam serve` presents. Both files are read at
+// start and read again whenever either changes (cert-manager rotates them
+// in place), without a restart.
+type ServeTLS struct {
+	// CertFile is the PEM certificate chain. Default "" (no TLS).
+	CertFile string `koanf:"cert_file"`
+	// KeyFile is the PEM private key of CertFile. Default "".
+	KeyFile string `koanf:"key_file"`
+}
+
+// Enabled reports whether TLS is configured.
+func (t ServeTLS) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" }
 
 // ServeToken is one bearer token of `dam serve` and the services it may
 // check, read and reset. Exactly one of Token and TokenFile is set.
@@ -59,17 +87,58 @@ type ServeToken struct {
 // guessable.
 const MinTokenLength = 16
 
+// MinTokenBits is the least entropy a serve token must show, estimated as
+// its length times the Shannon entropy of its characters' frequencies: a
+// long token of few distinct characters ("aaaaaaaaaaaaaaaa",
+// "abababab...") is as guessable as a short one. 24 random bytes in
+// base64 show about 130 bits, 16 in hex about 110, a UUID about 120.
+const MinTokenBits = 80
+
+// MakeToken is how to make a good token, for error messages.
+const MakeToken = "make one with `head -c 32 /dev/urandom | base64`"
+
+// checkToken returns why tok is not a usable token, or nil. The token is
+// never quoted.
+func checkToken(tok string) error {
+	if len(tok) < MinTokenLength {
+		return fmt.Errorf("too short: at least %d characters; %s", MinTokenLength, MakeToken)
+	}
+	if tokenBits(tok) < MinTokenBits {
+		return fmt.Errorf("too easy to guess: too few distinct characters for its length; %s", MakeToken)
+	}
+	return nil
+}
+
+// tokenBits estimates the entropy of tok in bits: its length times the
+// Shannon entropy of its characters' frequencies.
+func tokenBits(tok string) float64 {
+	counts := map[rune]int{}
+	n := 0
+	for _, r := range tok {
+		counts[r]++
+		n++
+	}
+	bits := 0.0
+	for _, c := range counts {
+		p := float64(c) / float64(n)
+		bits -= p * math.Log2(p)
+	}
+	return bits * float64(n)
+}
+
 // AnyService in ServeToken.Services allows every service.
 const AnyService = "*"
 
 // DefaultServe returns the serve defaults.
 func DefaultServe() Serve {
 	return Serve{
-		Listen:         ":8080",
-		MaxBodyBytes:   4 << 20,
-		MaxBatch:       500,
-		RequestTimeout: 5 * time.Second,
-		ShutdownGrace:  10 * time.Second,
+		Listen:           ":8080",
+		MaxBodyBytes:     4 << 20,
+		MaxInFlightBytes: 32 << 20,
+		MaxConnections:   1024,
+		MaxBatch:         500,
+		RequestTimeout:   5 * time.Second,
+		ShutdownGrace:    10 * time.Second,
 	}
 }
 
@@ -82,8 +151,10 @@ func (c *Config) validateServe(v *validator) {
 			v.addf("serve.listen", "invalid address %q: want host:port or :port", s.Listen)
 		}
 	}
-	if s.Token != "" && len(s.Token) < MinTokenLength {
-		v.addf("serve.token", "too short: at least %d characters", MinTokenLength)
+	if s.Token != "" {
+		if err := checkToken(s.Token); err != nil {
+			v.addf("serve.token", "%v", err)
+		}
 	}
 	for i, t := range s.Tokens {
 		key := func(name string) string { return fmt.Sprintf("serve.tokens[%d].%s", i, name) }
@@ -92,8 +163,10 @@ func (c *Config) validateServe(v *validator) {
 			v.addf(fmt.Sprintf("serve.tokens[%d]", i), "set token or token_file")
 		case t.Token != "" && t.TokenFile != "":
 			v.addf(key("token_file"), "set with token: give one of them")
-		case t.Token != "" && len(t.Token) < MinTokenLength:
-			v.addf(key("token"), "too short: at least %d characters", MinTokenLength)
+		case t.Token != "":
+			if err := checkToken(t.Token); err != nil {
+				v.addf(key("token"), "%v", err)
+			}
 		}
 		v.required(key("services"), len(t.Services) == 0)
 		for j, svc := range t.Services {
@@ -104,6 +177,18 @@ func (c *Config) validateServe(v *validator) {
 	}
 	if s.MaxBodyBytes <= 0 {
 		v.addf("serve.max_body_bytes", "must be positive, got %d", s.MaxBodyBytes)
+	}
+	if s.MaxInFlightBytes < s.MaxBodyBytes {
+		v.addf("serve.max_in_flight_bytes", "must be at least serve.max_body_bytes (%d), got %d: a body of the largest size must fit", s.MaxBodyBytes, s.MaxInFlightBytes)
+	}
+	if s.MaxConnections <= 0 {
+		v.addf("serve.max_connections", "must be positive, got %d", s.MaxConnections)
+	}
+	switch {
+	case s.TLS.CertFile != "" && s.TLS.KeyFile == "":
+		v.addf("serve.tls.key_file", "required with serve.tls.cert_file")
+	case s.TLS.KeyFile != "" && s.TLS.CertFile == "":
+		v.addf("serve.tls.cert_file", "required with serve.tls.key_file")
 	}
 	if s.MaxBatch <= 0 {
 		v.addf("serve.max_batch", "must be positive, got %d", s.MaxBatch)
@@ -165,8 +250,8 @@ func (s Serve) ResolveTokens() ([]ResolvedToken, error) {
 			}
 			b = bytes.TrimSuffix(b, []byte("\n"))
 			b = bytes.TrimSuffix(b, []byte("\r"))
-			if len(b) < MinTokenLength {
-				return nil, &Error{Key: key, Err: fmt.Errorf("%s: token too short: at least %d characters", t.TokenFile, MinTokenLength)}
+			if err := checkToken(string(b)); err != nil {
+				return nil, &Error{Key: key, Err: fmt.Errorf("%s: token %w", t.TokenFile, err)}
 			}
 			tok = string(b)
 		} else {

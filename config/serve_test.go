@@ -14,7 +14,8 @@ func TestServeDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Serve{Listen: ":8080", MaxBodyBytes: 4 << 20, MaxBatch: 500, RequestTimeout: 5 * time.Second, ShutdownGrace: 10 * time.Second}
+	want := Serve{Listen: ":8080", MaxBodyBytes: 4 << 20, MaxInFlightBytes: 32 << 20, MaxConnections: 1024,
+		MaxBatch: 500, RequestTimeout: 5 * time.Second, ShutdownGrace: 10 * time.Second}
 	if !reflect.DeepEqual(c.Serve, want) {
 		t.Fatalf("serve defaults %+v, want %+v", c.Serve, want)
 	}
@@ -47,10 +48,17 @@ func TestServeValidateErrors(t *testing.T) {
 			s.Tokens = []ServeToken{{Token: longToken, TokenFile: "/x", Services: []string{"a"}}}
 		}, "serve.tokens[0].token_file", "give one of them"},
 		{"short entry token", func(s *Serve) { s.Tokens = []ServeToken{{Token: "abc", Services: []string{"a"}}} }, "serve.tokens[0].token", "too short"},
+		{"sixteen a", func(s *Serve) { s.Token = strings.Repeat("a", 16) }, "serve.token", "too easy to guess"},
+		{"a pattern", func(s *Serve) { s.Token = strings.Repeat("ab", 16) }, "serve.token", "head -c 32 /dev/urandom | base64"},
+		{"entry: sixteen hex", func(s *Serve) { s.Tokens = []ServeToken{{Token: "0123456789abcdef", Services: []string{"a"}}} }, "serve.tokens[0].token", "too easy to guess"},
 		{"no services", func(s *Serve) { s.Tokens = []ServeToken{{Token: longToken}} }, "serve.tokens[0].services", "required"},
 		{"empty service", func(s *Serve) { s.Tokens = []ServeToken{{Token: longToken, Services: []string{"a", ""}}} }, "serve.tokens[0].services[1]", "empty"},
 		{"body", func(s *Serve) { s.MaxBodyBytes = 0 }, "serve.max_body_bytes", "positive"},
 		{"batch", func(s *Serve) { s.MaxBatch = -1 }, "serve.max_batch", "positive"},
+		{"in flight below a body", func(s *Serve) { s.MaxInFlightBytes = s.MaxBodyBytes - 1 }, "serve.max_in_flight_bytes", "at least serve.max_body_bytes"},
+		{"connections", func(s *Serve) { s.MaxConnections = 0 }, "serve.max_connections", "positive"},
+		{"cert without key", func(s *Serve) { s.TLS.CertFile = "/tls/tls.crt" }, "serve.tls.key_file", "required with serve.tls.cert_file"},
+		{"key without cert", func(s *Serve) { s.TLS.KeyFile = "/tls/tls.key" }, "serve.tls.cert_file", "required with serve.tls.key_file"},
 		{"timeout", func(s *Serve) { s.RequestTimeout = 0 }, "serve.request_timeout", "positive"},
 		{"grace", func(s *Serve) { s.ShutdownGrace = 0 }, "serve.shutdown_grace", "positive"},
 	} {
@@ -59,7 +67,7 @@ func TestServeValidateErrors(t *testing.T) {
 			tc.mutate(&c.Serve)
 			err := c.Validate()
 			wantProblem(t, err, tc.key, tc.msg)
-			if strings.Contains(err.Error(), longToken) || strings.Contains(err.Error(), "abc") {
+			if strings.Contains(err.Error(), longToken) || strings.Contains(err.Error(), "abc") || strings.Contains(err.Error(), "aaaa") {
 				t.Fatalf("token quoted in %v", err)
 			}
 		})
@@ -127,6 +135,10 @@ func TestResolveTokenFiles(t *testing.T) {
 	if err := os.WriteFile(short, []byte("abc\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	guessable := filepath.Join(dir, "guessable")
+	if err := os.WriteFile(guessable, []byte(strings.Repeat("a", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	s := Serve{Tokens: []ServeToken{{TokenFile: good, Services: []string{"a", "b"}}, {Token: longToken + "2", Services: []string{"c"}}}}
 	toks, err := s.ResolveTokens()
 	if err != nil {
@@ -136,10 +148,10 @@ func TestResolveTokenFiles(t *testing.T) {
 	if !reflect.DeepEqual(toks, want) {
 		t.Fatalf("got %+v", toks)
 	}
-	for path, msg := range map[string]string{filepath.Join(dir, "missing"): "no such file", short: "too short"} {
+	for path, msg := range map[string]string{filepath.Join(dir, "missing"): "no such file", short: "too short", guessable: "too easy to guess"} {
 		s := Serve{Tokens: []ServeToken{{Token: longToken, Services: []string{"a"}}, {TokenFile: path, Services: []string{"a"}}}}
 		_, err := s.ResolveTokens()
-		if err == nil || !strings.HasPrefix(err.Error(), "serve.tokens[1].token_file: ") || !strings.Contains(err.Error(), msg) || strings.Contains(err.Error(), "abc") {
+		if err == nil || !strings.HasPrefix(err.Error(), "serve.tokens[1].token_file: ") || !strings.Contains(err.Error(), msg) || strings.Contains(err.Error(), "abc") || strings.Contains(err.Error(), "aaaa") {
 			t.Errorf("%s: %v", path, err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -56,6 +57,8 @@ type Store struct {
 // timeouts. Settings given in the DSN win over cfg. It does not connect:
 // an unreachable server shows up as ErrUnavailable on first use, so a
 // sidecar can start (and report not-ready) while PostgreSQL is down.
+// Each session holds the schema's advisory lock shared (see LockSchema),
+// one statement when it connects.
 func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 	pc, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -77,6 +80,18 @@ func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 			name = DefaultApplicationName
 		}
 		cc.RuntimeParams["application_name"] = name
+	}
+	// Every session holds the schema's lock shared: `dam migrate --down`
+	// refuses to drop the tables under it (LockSchema).
+	after := pc.AfterConnect
+	pc.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		if after != nil {
+			if err := after(ctx, conn); err != nil {
+				return err
+			}
+		}
+		_, err := conn.Exec(ctx, sqlSchemaShared)
+		return err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -35,6 +35,7 @@ package migrations
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"regexp"
@@ -149,4 +150,70 @@ func Version(ctx context.Context, conn *pgx.Conn) (current, latest int32, err er
 		return 0, 0, fmt.Errorf("migrations: version: %w", err)
 	}
 	return current, int32(len(m.Migrations)), nil
+}
+
+// Latest is the latest schema version this binary knows.
+func Latest() int32 {
+	list, err := load()
+	if err != nil {
+		panic(err) // the embedded files are checked by the tests
+	}
+	return int32(len(list))
+}
+
+// Applied reports the applied version, changing nothing (Version creates
+// the version table): 0 when the table does not exist.
+func Applied(ctx context.Context, conn *pgx.Conn) (int32, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, VersionTable).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("migrations: version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int32
+	if err := conn.QueryRow(ctx, `SELECT version FROM `+VersionTable).Scan(&v); err != nil {
+		return 0, fmt.Errorf("migrations: version: %w", err)
+	}
+	return v, nil
+}
+
+// ErrNewer: the schema's version is newer than this binary knows: its
+// queries may not fit the tables (and Down would lose what it does not
+// know). Upgrade dam.
+var ErrNewer = errors.New("migrations: schema newer than this dam")
+
+// ErrOlder: the schema's version is older than this binary needs: apply
+// the migrations (Up, `dam migrate`).
+var ErrOlder = errors.New("migrations: schema older than this dam")
+
+// VersionError is Check's error: the applied version is not the latest
+// this binary knows. It matches ErrNewer or ErrOlder with errors.Is.
+type VersionError struct {
+	Applied, Latest int32
+}
+
+func (e *VersionError) Error() string {
+	if e.Applied > e.Latest {
+		return fmt.Sprintf("schema version %d is newer than this dam knows (%d): run a dam that knows it", e.Applied, e.Latest)
+	}
+	return fmt.Sprintf("schema version %d is older than this dam needs (%d): run dam migrate (or set postgres.migrate: true)", e.Applied, e.Latest)
+}
+
+// Is matches ErrNewer or ErrOlder.
+func (e *VersionError) Is(target error) bool {
+	return (target == ErrNewer && e.Applied > e.Latest) || (target == ErrOlder && e.Applied < e.Latest)
+}
+
+// Check returns a *VersionError unless the applied version is Latest. It
+// changes nothing.
+func Check(ctx context.Context, conn *pgx.Conn) error {
+	applied, err := Applied(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if latest := Latest(); applied != latest {
+		return &VersionError{Applied: applied, Latest: latest}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 
@@ -128,5 +129,34 @@ func TestConcurrentUp(t *testing.T) {
 	}
 	if cur, latest := version(t, conns[0]); cur != latest {
 		t.Fatalf("version %d of %d", cur, latest)
+	}
+}
+
+// Check reads the version without creating anything, and tells a schema
+// older or newer than the binary's from the right one.
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, emptySchema(t))
+	if err := migrations.Check(ctx, conn); !errors.Is(err, migrations.ErrOlder) || errors.Is(err, migrations.ErrNewer) {
+		t.Fatalf("empty schema: %v, want ErrOlder", err)
+	}
+	var created bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, migrations.VersionTable).Scan(&created); err != nil || created || tables(t, conn) != 0 {
+		t.Fatalf("Check created tables (version table: %v, %v)", created, err)
+	}
+	if err := migrations.Up(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Check(ctx, conn); err != nil {
+		t.Fatalf("migrated schema: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `UPDATE dam_schema_version SET version = version + 1`); err != nil {
+		t.Fatal(err)
+	}
+	err := migrations.Check(ctx, conn)
+	var ve *migrations.VersionError
+	if !errors.Is(err, migrations.ErrNewer) || !errors.As(err, &ve) || ve.Applied != migrations.Latest()+1 {
+		t.Fatalf("newer schema: %v, want ErrNewer naming version %d", err, migrations.Latest()+1)
 	}
 }

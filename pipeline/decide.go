@@ -194,10 +194,11 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 // because of a record (first, dedup.RecordError). A record the store
 // refuses alone, and accepts decided as invalid, is bad input: marked
 // invalid with the store's error as its cause (a dead letter). On a route
-// without a dead-letter topic the partition halts at it: n is then the
-// number of records decided before it, b.End their end, and halt says why.
-// Any other error is returned as err.
-func (w *worker) decideApart(b *dedup.Batch, causes *[]error, catchUp bool, first error) (decisions []dedup.Decision, n int, halt error, err error) {
+// without a dead-letter topic the partition halts at it, unless noHalt (a
+// catch-up, or records forwarded undecided already): n is then the number
+// of records decided before it, b.End their end, and halt says why. Any
+// other error is returned as err.
+func (w *worker) decideApart(b *dedup.Batch, causes *[]error, noHalt bool, first error) (decisions []dedup.Decision, n int, halt error, err error) {
 	w.log.Warn("the store refuses a batch: deciding its records one by one to find the one it refuses",
 		zap.Int64("offset", b.Start), zap.Int("records", len(b.Records)), zap.String("error", boundDetail(first.Error())))
 	next := b.Start
@@ -216,7 +217,7 @@ func (w *worker) decideApart(b *dedup.Batch, causes *[]error, catchUp bool, firs
 		}
 		d, err := decideOne()
 		if err != nil && !r.Invalid && dedup.RecordError(err) {
-			if w.rt.dlq == "" && !catchUp {
+			if w.rt.dlq == "" && !noHalt {
 				b.End = next
 				return decisions, i, fmt.Errorf("%w: %s/%d offset %d: the store refuses the record: %s (route %s has no dead_letter topic)",
 					ErrHalted, w.part.Topic, w.part.Partition, r.Offset, boundDetail(err.Error()), w.rt.service), nil
@@ -395,7 +396,15 @@ func (w *worker) flush() error {
 	for len(w.pending) > 0 {
 		b := w.pending[0]
 		if _, err := w.decideOnce(b); err != nil {
-			return err
+			if !dedup.RecordError(err) {
+				return err
+			}
+			// A record of it the store refuses: its records went out
+			// already, so none halts; the refused one is logged invalid.
+			var causes []error
+			if _, _, _, err := w.decideApart(b, &causes, true, err); err != nil {
+				return err
+			}
 		}
 		n += len(b.Records)
 		w.pending = w.pending[1:]

@@ -104,8 +104,7 @@ func (w *worker) deliver(j *job) error {
 					return struct{}{}, err
 				}
 			}
-			return struct{}{}, retry.Permanent(fmt.Errorf("%w: %s/%d offset %d: Kafka refused the record for good and route %s has no dead_letter topic: %v",
-				ErrHalted, s.src.Topic, s.src.Partition, s.src.Offset, w.rt.service, s.err))
+			return struct{}{}, retry.Permanent(w.stuckErr(s))
 		}
 		if j.commitTo > 0 {
 			w.step(StepAcked)
@@ -181,18 +180,27 @@ func (w *worker) produce(j *job) error {
 }
 
 // precheck refuses, before they are sent, the records larger than their
-// topic accepts (what the producer would refuse at once): so that, on a
-// route without a dead-letter topic, nothing after such a record is
-// delivered before the partition halts at it.
+// topic accepts (what the producer would refuse at once) and those Kafka
+// refused in an aborted round (exactly-once): so that, on a route without
+// a dead-letter topic, nothing after such a record is delivered before the
+// partition halts at it. A dead letter that replaced a refused record is
+// checked too: refused in its turn, the partition halts at its record.
 func (w *worker) precheck(j *job) {
 	for i := 0; i < len(j.out); {
 		o := &j.out[i]
+		if o.acked {
+			i++
+			continue
+		}
 		limit := int(w.d.limits.get(o.rec.Topic))
 		err := w.refusedAt[o.src.Offset]
+		if o.outcome == outcomeRefused {
+			err = w.letterRefusedAt[o.src.Offset]
+		}
 		if n := recordBatchSize(o.rec); err == nil && n > limit {
 			err = fmt.Errorf("%w (the record takes %d bytes in a batch of its own; %s accepts %d)", kerr.MessageTooLarge, n, o.rec.Topic, limit)
 		}
-		if err != nil && !o.acked && o.outcome != outcomeRefused {
+		if err != nil {
 			if !w.refuse(j, i, err) {
 				j.stuck = i + 1
 				return
@@ -201,6 +209,17 @@ func (w *worker) precheck(j *job) {
 		}
 		i++
 	}
+}
+
+// stuckErr is the halt of a partition at a record Kafka refuses for good
+// (s), with nowhere to send it.
+func (w *worker) stuckErr(s outRecord) error {
+	why := fmt.Sprintf("route %s has no dead_letter topic", w.rt.service)
+	if w.rt.dlq != "" {
+		why = "its dead letter, without the value, was refused too"
+	}
+	return fmt.Errorf("%w: %s/%d offset %d: Kafka refuses the record for good and %s: %s",
+		ErrHalted, s.src.Topic, s.src.Partition, s.src.Offset, why, boundDetail(s.err.Error()))
 }
 
 // recordBatchSize is the size of a record batch holding r alone, as

@@ -56,6 +56,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -113,9 +114,14 @@ type Pipeline struct {
 	stopping bool
 
 	// roundStop ends the retries of the exactly-once round in flight
-	// (onBlocked).
+	// (onBlocked); pollStop ends its idle poll (a revocation came).
 	roundMu   sync.Mutex
 	roundStop context.CancelFunc
+	pollStop  context.CancelFunc
+	// unended: exactly-once: a revocation or a loss reached dam since the
+	// transact session last ended; franz-go passes no other one on to dam
+	// until the session ends again (transact.go, endSession).
+	unended atomic.Bool
 
 	probes probes
 	hook   StepHook
@@ -579,6 +585,16 @@ func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]
 			continue
 		}
 		recovered, err := p.recoverPartitions(ctx, rt, slices.Sorted(maps.Keys(parts)))
+		if err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
+			// Recovery failed for good (the store refuses it): these
+			// partitions stay assigned, halted where it shows (not
+			// ready, dam_halted) and unfetched, until they are assigned
+			// anew; the others go on. Handing the error to franz-go would
+			// make it leave and rejoin the group, over and over,
+			// rebalancing every member, with nothing halted to see.
+			p.holdUnrecovered(map[string]map[int32]kgo.Offset{topic: parts}, err)
+			continue
+		}
 		if err != nil {
 			return fail(err)
 		}
@@ -624,6 +640,7 @@ func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]
 // decided (or stops it hard after the grace period) before another member
 // takes it.
 func (p *Pipeline) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	p.sessionMustEnd()
 	ws := p.lookup(revoked)
 	if len(ws) > 0 {
 		p.log.Info("partitions revoked: finishing them", zap.Any("partitions", revoked))
@@ -636,6 +653,7 @@ func (p *Pipeline) onRevoked(_ context.Context, _ *kgo.Client, revoked map[strin
 // already, so nothing more is produced or committed (its recovery replays
 // the rest).
 func (p *Pipeline) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	p.sessionMustEnd()
 	ws := p.lookup(lost)
 	if len(ws) > 0 {
 		p.log.Warn("partitions lost: stopping them at once", zap.Any("partitions", lost))

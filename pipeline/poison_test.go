@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
@@ -258,3 +263,85 @@ func TestStoreRefusesOneRecord(t *testing.T) {
 
 // keep kgo imported for the helpers above.
 var _ = kgo.Record{}
+
+// refuseProduce makes the broker refuse every produce to each topic of
+// codes, for good (a non-retriable error code per partition), while on.
+func refuseProduce(t *testing.T, kc *testkafka.Cluster, codes map[string]int16) *atomic.Bool {
+	t.Helper()
+	on := &atomic.Bool{}
+	ids := map[[16]byte]string{}
+	td, err := kadm.NewClient(kc.Client()).ListTopics(context.Background(), slices.Collect(maps.Keys(codes))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range td {
+		ids[d.ID] = d.Topic
+	}
+	kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		if !on.Load() {
+			return nil, nil, false
+		}
+		preq := req.(*kmsg.ProduceRequest)
+		refused := false
+		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
+		for _, pt := range preq.Topics {
+			name := pt.Topic
+			if name == "" {
+				name = ids[pt.TopicID]
+			}
+			code, ok := codes[name]
+			if !ok {
+				return nil, nil, false // a request mixing topics: let it through
+			}
+			refused = true
+			rt := kmsg.NewProduceResponseTopic()
+			rt.Topic, rt.TopicID = pt.Topic, pt.TopicID
+			for _, p := range pt.Partitions {
+				rp := kmsg.NewProduceResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p.Partition, code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, refused
+	})
+	return on
+}
+
+// A record Kafka refuses for good, whose dead letter (without the value)
+// Kafka refuses too, halts its partition with an error saying so, in both
+// delivery modes: exactly-once used to abort and replay the round forever,
+// never halting, and at-least-once said the route had no dead_letter topic.
+func TestRefusedDeadLetterHalts(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out", "dlq")
+			dsn := pgtest.DSN(t)
+			rt := route("svc", "in", "out")
+			rt.DeadLetter = "dlq"
+			cfg := inMode(testConfig(t, kc, dsn, rt), delivery)
+			r := start(t, cfg, openStore(t, dsn))
+			one(t, kc, "in", rec("a", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+			refuse := refuseProduce(t, kc, map[string]int16{"out": kerr.MessageTooLarge.Code, "dlq": kerr.InvalidRecord.Code})
+			refuse.Store(true)
+			one(t, kc, "in", rec("b", `1`))
+			var err error
+			waitFor(t, "the partition halted", func() (bool, string) {
+				err = r.pl.Ready()
+				return errors.Is(err, pipeline.ErrHalted), fmt.Sprint(err)
+			})
+			for _, s := range []string{"in/0 offset 1", "dead letter", "refused too"} {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("Ready: %v; want it to say %q", err, s)
+				}
+			}
+			refuse.Store(false)
+			r.stop()
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+		})
+	}
+}

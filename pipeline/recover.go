@@ -270,8 +270,15 @@ func (p *Pipeline) planPartition(ctx context.Context, rt *route, dp dedup.Partit
 	case c == prog.Next:
 		r.start, r.startAt = kgo.NewOffset().At(prog.Next), prog.Next
 	case c < prog.Next:
-		if replaying, err := fromLog(c); err != nil || replaying {
-			return r, err
+		// What dam recorded as delivered was committed in Kafka once: a C
+		// below it was moved back by hand, and [C, delivered) is not
+		// delivered again (DESIGN §2: deliberate re-delivery is a state
+		// reset and a replay upstream).
+		from := max(c, prog.Delivered)
+		if from < prog.Next {
+			if replaying, err := fromLog(from); err != nil || replaying {
+				return r, err
+			}
 		}
 		r.start, r.startAt = kgo.NewOffset().At(prog.Next), prog.Next
 	default: // c > P

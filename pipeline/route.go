@@ -25,6 +25,10 @@ const (
 	// headers) were left out because Kafka refused the record for good: its
 	// value is the dropped value's size in bytes.
 	HeaderValueDropped = "dam-value-dropped"
+	// HeaderKeyDropped is set on such a dead letter when the key was left
+	// out too, being longer than an identity may be
+	// (dedup.MaxEntityBytes): its value is the dropped key's size in bytes.
+	HeaderKeyDropped = "dam-key-dropped"
 )
 
 // route is one configured route, compiled: its hasher and identity
@@ -180,14 +184,22 @@ func (rt *route) deadLetter(r *kgo.Record, cause error) *kgo.Record {
 // refusedLetter builds the dead letter of a record Kafka refused for good
 // (err): the key and where it came from, without the value or the input's
 // headers, either of which may be what made it too large.
+//
+// A key longer than an identity may be is left out as well: the letter is
+// then bounded whatever the input, and fits any topic.
 func (rt *route) refusedLetter(r *kgo.Record, err error) *kgo.Record {
-	return &kgo.Record{Topic: rt.dlq, Key: r.Key, Timestamp: r.Timestamp, Headers: []kgo.RecordHeader{
+	out := &kgo.Record{Topic: rt.dlq, Key: r.Key, Timestamp: r.Timestamp, Headers: []kgo.RecordHeader{
 		{Key: HeaderError, Value: []byte(boundDetail("Kafka refused the record: " + err.Error()))},
 		{Key: HeaderValueDropped, Value: []byte(strconv.Itoa(len(r.Value)))},
 		{Key: HeaderSourceTopic, Value: []byte(r.Topic)},
 		{Key: HeaderSourcePartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
 		{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
 	}}
+	if len(r.Key) > dedup.MaxEntityBytes {
+		out.Key = nil
+		out.Headers = append(out.Headers, kgo.RecordHeader{Key: HeaderKeyDropped, Value: []byte(strconv.Itoa(len(r.Key)))})
+	}
+	return out
 }
 
 // partitioner sends records of preserve routes to the partition they carry

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -92,16 +93,26 @@ func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSess
 		}
 	}()
 	for {
+		if p.unended.Load() {
+			p.endSession(hard, sess)
+		}
 		// Partitions whose last round did not commit are planned again
 		// first, between polls: nothing holds the group's rebalances
 		// meanwhile, and a shutdown is seen at once.
-		pctx, pcancel := ctx, context.CancelFunc(func() {})
-		if p.replanPending() {
+		pctx, pcancel := context.WithCancel(ctx)
+		if p.replanPending(ctx) {
 			// Some wait for the store: poll the others briefly, then
 			// try them again.
+			pcancel()
 			pctx, pcancel = context.WithTimeout(ctx, replanWait.NextBackOff())
 		} else {
 			replanWait.Reset()
+		}
+		p.roundMu.Lock()
+		p.pollStop = pcancel
+		p.roundMu.Unlock()
+		if p.unended.Load() {
+			pcancel() // a revocation came meanwhile
 		}
 		// A round takes what was fetched, up to the in-flight budget
 		// (max_in_flight per assigned partition): with a backlog, each
@@ -110,6 +121,9 @@ func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSess
 		// records; caught up, a round is what arrived since the last one.
 		maxPoll := p.cfg.Pipeline.MaxInFlight * max(1, int(p.deps.budget.partitions.Load()))
 		fetches := sess.PollRecords(pctx, maxPoll)
+		p.roundMu.Lock()
+		p.pollStop = nil
+		p.roundMu.Unlock()
 		pcancel()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			sess.AllowRebalance()
@@ -134,6 +148,64 @@ func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSess
 		default:
 			wait.Reset()
 		}
+	}
+}
+
+// sessionMustEnd notes, in exactly-once mode, that a revocation or a loss
+// reached dam: franz-go's transact session passes on no other one until
+// End clears its flags, so the session is ended as soon as the poll in
+// flight returns (endSession), round or not. Without it, an idle member
+// never heard of a second revocation, and kept workers for partitions it
+// no longer had.
+func (p *Pipeline) sessionMustEnd() {
+	if !p.deps.transactional {
+		return
+	}
+	p.unended.Store(true)
+	p.roundMu.Lock()
+	stop := p.pollStop
+	p.roundMu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// endSession ends the transact session outside a transaction (nothing to
+// abort), which clears franz-go's revoked and lost flags, and puts the
+// partitions back where their workers are (End rewinds them).
+func (p *Pipeline) endSession(hard context.Context, sess *kgo.GroupTransactSession) {
+	p.unended.Store(false)
+	ctx, cancel := context.WithTimeout(hard, p.cfg.Kafka.TransactionTimeout)
+	defer cancel()
+	if _, err := sess.End(ctx, kgo.TryAbort); err != nil {
+		p.log.Warn("ending the transact session after a revocation failed", zap.Error(err))
+	}
+	p.reposition()
+}
+
+// reposition sets each partition's fetch position to where its worker
+// continues (worker.taken). franz-go's End, when it does not commit,
+// rewinds every partition it tracks to the offset it believes committed,
+// including partitions that were not in the round, and that belief is not
+// dam's: a replay held across rounds would read records again, or a
+// round's commit held back would be skipped over.
+func (p *Pipeline) reposition() {
+	set := map[string]map[int32]kgo.EpochOffset{}
+	p.mu.Lock()
+	for topic, parts := range p.workers {
+		for part, w := range parts {
+			if w.replanning || w.health.isParked() || w.taken < 0 {
+				continue
+			}
+			if set[topic] == nil {
+				set[topic] = map[int32]kgo.EpochOffset{}
+			}
+			set[topic][part] = kgo.EpochOffset{Epoch: -1, Offset: w.taken}
+		}
+	}
+	p.mu.Unlock()
+	if len(set) > 0 {
+		p.client.SetOffsets(set)
 	}
 }
 
@@ -179,7 +251,16 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 			}
 			return
 		}
-		parts = append(parts, &roundPart{w: w, recs: ftp.Records})
+		recs := ftp.Records
+		if i := sort.Search(len(recs), func(i int) bool { return recs[i].Offset >= w.taken }); i > 0 {
+			// Read again after franz-go rewound the partition: the worker
+			// has them already.
+			recs = recs[i:]
+			if len(recs) == 0 {
+				return
+			}
+		}
+		parts = append(parts, &roundPart{w: w, recs: recs})
 		last := ftp.Records[len(ftp.Records)-1].Offset
 		p.metrics.lag.WithLabelValues(w.rt.service, w.label).Set(float64(ftp.HighWatermark - last - 1))
 	})
@@ -208,6 +289,7 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 			retries, stopR := mergeCtx(w.dctx, retryCtx)
 			w.roundOps, w.roundRetry = ops, retries
 			rp.jobs, rp.err = w.decideRound(rp.recs, polled)
+			w.taken = rp.recs[len(rp.recs)-1].Offset + 1
 			w.roundOps, w.roundRetry = nil, nil
 			stopOps()
 			stopR()
@@ -224,8 +306,7 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 				w.precheck(j)
 				if j.stuck > 0 {
 					s := j.out[j.stuck-1]
-					rp.err = fmt.Errorf("%w: %s/%d offset %d: Kafka refuses the record for good and route %s has no dead_letter topic: %v",
-						ErrHalted, s.src.Topic, s.src.Partition, s.src.Offset, w.rt.service, s.err)
+					rp.err = w.stuckErr(s)
 					break
 				}
 			}
@@ -282,7 +363,10 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 					}
 					mu.Lock()
 					defer mu.Unlock()
-					if refusedForGood(err) {
+					switch {
+					case refusedForGood(err) && o.outcome == outcomeRefused:
+						rp.w.letterRefusedAt[o.src.Offset] = err // its replay halts there
+					case refusedForGood(err):
 						rp.w.refusedAt[o.src.Offset] = err // its replay dead-letters it
 					}
 					if first == nil {
@@ -317,6 +401,7 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 	endCtx, cancel := context.WithTimeout(hard, p.cfg.Kafka.TransactionTimeout)
 	committed, err := sess.End(kgo.PreTxnCommitFnContext(endCtx, rewriteCommits(commits)), kgo.TryCommit)
 	cancel()
+	p.unended.Store(false)
 	if err != nil || !committed {
 		if err == nil {
 			err = errors.New("the transaction was aborted (a rebalance, or the group fenced this member)")
@@ -456,6 +541,7 @@ func (p *Pipeline) uncommitted(hard context.Context, sess *kgo.GroupTransactSess
 	if _, err := sess.End(ctx, kgo.TryAbort); err != nil {
 		cause = errors.Join(cause, p.fenced(fmt.Errorf("ending the transaction: %w", err)))
 	}
+	p.unended.Store(false)
 	if errors.Is(cause, errProducerFenced) {
 		return cause
 	}
@@ -472,6 +558,9 @@ func (p *Pipeline) uncommitted(hard context.Context, sess *kgo.GroupTransactSess
 		// would be read from the wrong place.
 		p.client.PauseFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
 	}
+	// The abort rewound every partition to franz-go's idea of its
+	// committed offset, those not in the round too.
+	p.reposition()
 	return cause
 }
 
@@ -479,7 +568,7 @@ func (p *Pipeline) uncommitted(hard context.Context, sess *kgo.GroupTransactSess
 // attempt each, and reports whether some still wait (the store or the
 // broker does not answer: they stay paused and not fetched, and are tried
 // again after the next poll).
-func (p *Pipeline) replanPending() (pending bool) {
+func (p *Pipeline) replanPending(ctx context.Context) (pending bool) {
 	p.mu.Lock()
 	var ws []*worker
 	for _, parts := range p.workers {
@@ -495,13 +584,13 @@ func (p *Pipeline) replanPending() (pending bool) {
 			w.replanning = false
 			continue
 		}
-		err := p.replan(w)
+		err := p.replan(ctx, w)
 		switch {
 		case err == nil:
 			w.replanning = false
 			w.health.resume(sideDeliver)
 			p.client.ResumeFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
-		case w.dctx.Err() != nil:
+		case w.dctx.Err() != nil || ctx.Err() != nil:
 		case errors.Is(err, dedup.ErrFenced) || !transientReplan(err):
 			w.replanning = false
 			w.park(err)
@@ -532,9 +621,12 @@ func (e *storeError) Unwrap() error { return e.err }
 // replan runs recovery again, once, for a partition whose round did not
 // commit: P from PostgreSQL, C from Kafka (require-stable: a transaction
 // still in flight settles first), the plan, and the fetch position. The
-// epoch is not bumped: the partition is still ours.
-func (p *Pipeline) replan(w *worker) error {
-	ctx, cancel := w.storeCtx(w.dctx)
+// epoch is not bumped: the partition is still ours. A shutdown (ctx) ends
+// it at once.
+func (p *Pipeline) replan(parent context.Context, w *worker) error {
+	base, stop := mergeCtx(w.dctx, parent)
+	defer stop()
+	ctx, cancel := w.storeCtx(base)
 	prog, err := p.store.ReadProgress(ctx, w.part)
 	cancel()
 	if err != nil {
@@ -544,20 +636,20 @@ func (p *Pipeline) replan(w *worker) error {
 		return fmt.Errorf("%w: %s/%d: epoch %d, ours %d", dedup.ErrFenced, w.part.Topic, w.part.Partition, prog.Epoch, w.epoch)
 	}
 	// An offset commit in flight settles within the transaction timeout.
-	kctx, kcancel := context.WithTimeout(w.dctx, p.cfg.Kafka.TransactionTimeout+5*time.Second)
+	kctx, kcancel := context.WithTimeout(base, p.cfg.Kafka.TransactionTimeout+5*time.Second)
 	committed, err := p.fetchCommitted(kctx, w.part.Topic, []int32{w.part.Partition})
 	kcancel()
 	if err != nil {
 		return fmt.Errorf("reading the committed offset: %w", err)
 	}
 	c, hasC := committed[w.part.Partition]
-	ctx, cancel = w.storeCtx(w.dctx)
+	ctx, cancel = w.storeCtx(base)
 	r, err := p.planPartition(ctx, w.rt, w.part, prog, c, hasC)
 	cancel()
 	if err != nil {
 		return &storeError{err}
 	}
-	w.plan, w.next, w.fetchFrom, w.pending = r.plan, r.next, r.startAt, nil
+	w.plan, w.next, w.fetchFrom, w.pending, w.taken = r.plan, r.next, r.startAt, nil, r.startAt
 	w.setCommitted(r.committed)
 	p.client.SetOffsets(map[string]map[int32]kgo.EpochOffset{w.part.Topic: {w.part.Partition: {Epoch: -1, Offset: r.startAt}}})
 	w.log.Info("partition planned again after an uncommitted round", zap.Int64("progress", r.next), zap.Int64("committed", r.committed),

@@ -101,7 +101,14 @@ type worker struct {
 	// in an earlier round (aborted; its replay dead-letters them at once).
 	round     []*job
 	refusedAt map[int64]error
-	fetchFrom int64 // where recovery started fetching
+	// letterRefusedAt: the input offsets whose dead letter, without the
+	// value, Kafka refused too: its replay halts there.
+	letterRefusedAt map[int64]error
+	fetchFrom       int64 // where recovery started fetching
+	// taken: the offset after the last record a round gave the worker
+	// (the plan's start at first): a round drops records below it, which
+	// franz-go fetches again after it rewound the partition on an abort.
+	taken int64
 	// held: input records of the jobs in round kept past the end of a
 	// round (a replay not yet complete), counted in the budget.
 	held int
@@ -121,24 +128,26 @@ func newWorker(parent context.Context, d *deps, rt *route, partition int32, r re
 	ctx, cancel := context.WithCancel(parent)
 	dctx, dcancel := context.WithCancel(ctx)
 	w := &worker{
-		d:         d,
-		rt:        rt,
-		part:      dedup.Partition{Group: d.set.group, Topic: rt.from, Partition: partition},
-		label:     strconv.Itoa(int(partition)),
-		log:       log,
-		q:         newQueue(d.budget),
-		ctx:       ctx,
-		cancel:    cancel,
-		dctx:      dctx,
-		dcancel:   dcancel,
-		jobs:      make(chan *job, 2),
-		done:      make(chan struct{}),
-		epoch:     r.epoch,
-		plan:      r.plan,
-		next:      r.next,
-		committed: r.committed,
-		fetchFrom: r.startAt,
-		refusedAt: map[int64]error{},
+		d:               d,
+		rt:              rt,
+		part:            dedup.Partition{Group: d.set.group, Topic: rt.from, Partition: partition},
+		label:           strconv.Itoa(int(partition)),
+		log:             log,
+		q:               newQueue(d.budget),
+		ctx:             ctx,
+		cancel:          cancel,
+		dctx:            dctx,
+		dcancel:         dcancel,
+		jobs:            make(chan *job, 2),
+		done:            make(chan struct{}),
+		epoch:           r.epoch,
+		plan:            r.plan,
+		next:            r.next,
+		committed:       r.committed,
+		fetchFrom:       r.startAt,
+		taken:           r.startAt,
+		refusedAt:       map[int64]error{},
+		letterRefusedAt: map[int64]error{},
 	}
 	w.knownC.Store(r.committed)
 	w.proven()

@@ -9,8 +9,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"reflect"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
@@ -25,6 +30,8 @@ const (
 	codeBadField     = "bad_field"      // a field has an invalid value (bad hex, two exclusive fields)
 	codeBadPayload   = "bad_payload"    // the payload does not hash: invalid JSON, too deep, too large
 	codeTooLarge     = "body_too_large" // the body exceeds serve.max_body_bytes
+	codeBodyTimeout  = "body_timeout"   // the body did not arrive within serve.request_timeout
+	codeOverloaded   = "overloaded"     // no room for the body (or the connection) in time: retry after Retry-After
 	codeBatchTooLong = "batch_too_large"
 	codeUnauthorized = "unauthorized"
 	codeForbidden    = "forbidden"
@@ -32,6 +39,9 @@ const (
 	codeUnavailable  = "unavailable" // the store: retry after Retry-After
 	codeInternal     = "internal"
 )
+
+// unavailableMessage is the message of a check not decided for an outage.
+const unavailableMessage = "store unavailable: no decision was made (or its outcome is unknown); retry"
 
 // retryAfter is the Retry-After of a 503, in seconds.
 const retryAfter = "1"
@@ -72,7 +82,25 @@ type apiError struct {
 func (e *apiError) Error() string { return e.msg }
 
 func badRequest(code, format string, args ...any) *apiError {
-	return &apiError{status: http.StatusBadRequest, code: code, msg: fmt.Sprintf(format, args...)}
+	return &apiError{status: http.StatusBadRequest, code: code, msg: truncate(fmt.Sprintf(format, args...), maxMessage)}
+}
+
+// maxMessage bounds an error message: messages quote what the client sent
+// (a member name, a service), which must not come back at any length.
+const maxMessage = 512
+
+// truncate cuts s to at most n bytes, on a character boundary, marking
+// the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "..."
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 // checkRequest is one check: an identity and a payload. Entity and
@@ -100,20 +128,28 @@ func (s *Server) parse(c *checkRequest, prefix string) (dedup.CheckItem, *apiErr
 	if c.Service == nil || *c.Service == "" {
 		return dedup.CheckItem{}, badRequest(codeMissingField, "missing field %sservice", prefix)
 	}
+	if err := dedup.CheckService(*c.Service); err != nil {
+		return dedup.CheckItem{}, identityError(prefix+"service", err)
+	}
 	var entity []byte
+	field := prefix + "entity"
 	switch {
 	case c.Entity != nil && c.EntityHex != nil:
 		return dedup.CheckItem{}, badRequest(codeBadField, "%sentity and %sentity_hex exclude each other", prefix, prefix)
 	case c.Entity != nil:
 		entity = []byte(*c.Entity)
 	case c.EntityHex != nil:
+		field += "_hex"
 		b, err := hex.DecodeString(*c.EntityHex)
 		if err != nil {
-			return dedup.CheckItem{}, badRequest(codeBadField, "%sentity_hex: not hex: %v", prefix, err)
+			return dedup.CheckItem{}, badRequest(codeBadField, "%s: not hex: %v", field, err)
 		}
 		entity = b
 	default:
 		return dedup.CheckItem{}, badRequest(codeMissingField, "missing field %sentity (or %sentity_hex)", prefix, prefix)
+	}
+	if err := dedup.CheckEntity(entity); err != nil {
+		return dedup.CheckItem{}, identityError(field, err)
 	}
 	var value []byte
 	switch {
@@ -141,6 +177,15 @@ func (s *Server) parse(c *checkRequest, prefix string) (dedup.CheckItem, *apiErr
 	return dedup.CheckItem{Service: *c.Service, Entity: entity, Digest: d}, nil
 }
 
+// identityError answers an identity the store cannot hold (dedup's
+// identity limits, the sidecar's own): 400, naming the field. It is
+// refused here, before the store, so that it never shares a transaction
+// with other clients' checks.
+func identityError(field string, err error) *apiError {
+	reason := strings.TrimPrefix(err.Error(), dedup.ErrIdentity.Error()+": ")
+	return badRequest(codeBadField, "%s: %s", field, reason)
+}
+
 // decode reads r's body as JSON into v, strictly (unknown fields are
 // errors), within serve.max_body_bytes.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError {
@@ -157,20 +202,123 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError
 	if err == nil {
 		return nil
 	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return &apiError{status: http.StatusRequestTimeout, code: codeBodyTimeout,
+			msg: fmt.Sprintf("the request body did not arrive within %s (serve.request_timeout)", s.cfg.RequestTimeout)}
+	}
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
-		return &apiError{status: http.StatusRequestEntityTooLarge, code: codeTooLarge,
-			msg: fmt.Sprintf("request body larger than %d bytes (serve.max_body_bytes)", s.cfg.MaxBodyBytes)}
+		return s.tooLarge()
 	}
 	if errors.Is(err, io.EOF) {
 		return badRequest(codeBadJSON, "empty body: want a JSON object")
 	}
-	return badRequest(codeBadJSON, "invalid request body: %v", err)
+	return badRequest(codeBadJSON, "invalid request body: %s", jsonProblem(err))
 }
 
-// requestContext bounds a request's store work by serve.request_timeout.
+// jsonProblem says what is wrong with a request body in the API's words:
+// encoding/json's errors name dam's Go types ("Go struct field
+// checkRequest.service of type string").
+func jsonProblem(err error) string {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syntax):
+		return fmt.Sprintf("invalid JSON at byte %d: %s", syntax.Offset, syntax.Error())
+	case errors.As(err, &typ):
+		want := fmt.Sprintf("want %s, got %s (byte %d)", jsonKind(typ.Type), article(typ.Value), typ.Offset)
+		if typ.Field == "" {
+			return want
+		}
+		return typ.Field + ": " + want
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "the body ends inside the JSON value"
+	}
+	// "json: unknown field \"x\"", and the decoder's other plain words.
+	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// jsonKind names the JSON value that decodes into t.
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct:
+		if t == reflect.TypeOf(checkRequest{}) || t == reflect.TypeOf(batchRequest{}) {
+			return "a JSON object"
+		}
+		return "an object"
+	case reflect.Map:
+		return "an object"
+	case reflect.Bool:
+		return "a boolean"
+	}
+	return "a number"
+}
+
+// article puts "a" or "an" before the name of a JSON value's kind
+// (encoding/json's UnmarshalTypeError.Value: "number", "object", "array",
+// "string", "bool", ...).
+func article(value string) string {
+	switch {
+	case value == "bool":
+		return "a boolean"
+	case strings.HasPrefix(value, "number"):
+		return "a number"
+	case value != "" && strings.ContainsRune("aeiou", rune(value[0])):
+		return "an " + value
+	}
+	return "a " + value
+}
+
+// requestContext bounds a request's work by serve.request_timeout from
+// now: the store's, and for a request with a body, reading it.
 func (s *Server) requestContext(r *http.Request) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+}
+
+// tooLarge answers a body past serve.max_body_bytes.
+func (s *Server) tooLarge() *apiError {
+	return &apiError{status: http.StatusRequestEntityTooLarge, code: codeTooLarge,
+		msg: fmt.Sprintf("request body larger than %d bytes (serve.max_body_bytes)", s.cfg.MaxBodyBytes)}
+}
+
+// readBody takes room for r's body (see room), waiting for it up to
+// serve.request_timeout, then reads the body as JSON into v within
+// serve.request_timeout from then. It returns the context that bounds the
+// rest of the request (the body and the store: serve.request_timeout from
+// when room was found), and the function that gives the room back: call
+// it once the body and what was decoded from it are no longer needed
+// (once the payloads are hashed), whatever the error, then cancel.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, v any) (ctx context.Context, cancel context.CancelFunc, release func(), e *apiError) {
+	none := func() {}
+	n := r.ContentLength
+	if n > int64(s.cfg.MaxBodyBytes) {
+		return r.Context(), none, none, s.tooLarge() // refused unread
+	}
+	if n < 0 { // not announced (chunked): as large as it may be
+		n = int64(s.cfg.MaxBodyBytes)
+	}
+	wait, stop := s.requestContext(r)
+	err := s.room.take(wait, n)
+	stop()
+	if err != nil {
+		s.metrics.overloaded.Inc()
+		return r.Context(), none, none, &apiError{status: http.StatusServiceUnavailable, code: codeOverloaded,
+			msg: fmt.Sprintf("too many request bodies in flight (serve.max_in_flight_bytes): no room within %s (serve.request_timeout); retry", s.cfg.RequestTimeout)}
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { s.room.give(n) }) }
+	ctx, cancel = s.requestContext(r)
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = http.NewResponseController(w).SetReadDeadline(deadline)
+	}
+	return ctx, cancel, release, s.decode(w, r, v)
 }
 
 // storeError answers a failed store call: 503 with Retry-After when the
@@ -180,7 +328,7 @@ func (s *Server) storeError(w http.ResponseWriter, op string, err error) {
 	s.metrics.storeErrors.Inc()
 	if isUnavailable(err) {
 		s.log.Warn("serve: store unavailable", zap.String("op", op), zap.Error(err))
-		writeError(w, http.StatusServiceUnavailable, codeUnavailable, "store unavailable: no decision was made (or its outcome is unknown); retry")
+		writeError(w, http.StatusServiceUnavailable, codeUnavailable, unavailableMessage)
 		return
 	}
 	s.log.Error("serve: store error", zap.String("op", op), zap.Error(err))
@@ -196,7 +344,7 @@ func unauthorized(w http.ResponseWriter) {
 func authorize(w http.ResponseWriter, t *token, services ...string) bool {
 	for _, svc := range services {
 		if !t.allows(svc) {
-			writeError(w, http.StatusForbidden, codeForbidden, fmt.Sprintf("token not allowed service %q", svc))
+			writeError(w, http.StatusForbidden, codeForbidden, fmt.Sprintf("token not allowed service %q", truncate(svc, dedup.MaxServiceBytes)))
 			return false
 		}
 	}
@@ -211,7 +359,10 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req checkRequest
-	if e := s.decode(w, r, &req); e != nil {
+	ctx, cancel, release, e := s.readBody(w, r, &req)
+	defer cancel()
+	defer release()
+	if e != nil {
 		writeError(w, e.status, e.code, e.msg)
 		return
 	}
@@ -219,12 +370,11 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, e := s.parse(&req, "")
+	release() // the body is hashed: its room is free for another
 	if e != nil {
 		writeError(w, e.status, e.code, e.msg)
 		return
 	}
-	ctx, cancel := s.requestContext(r)
-	defer cancel()
 	var d dedup.Decision
 	var err error
 	if cb := s.combiner.Load(); cb != nil {
@@ -269,7 +419,10 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req batchRequest
-	if e := s.decode(w, r, &req); e != nil {
+	ctx, cancel, release, e := s.readBody(w, r, &req)
+	defer cancel()
+	defer release()
+	if e != nil {
 		writeError(w, e.status, e.code, e.msg)
 		return
 	}
@@ -303,18 +456,56 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		items = append(items, c)
 		index = append(index, i)
 	}
-	ctx, cancel := s.requestContext(r)
-	defer cancel()
+	req.Checks = nil
+	release() // the payloads are hashed: their room is free for another
 	decisions, err := s.store.CheckBatch(ctx, items, nil)
-	if err != nil {
+	switch {
+	case err == nil:
+		for k, d := range decisions {
+			s.metrics.decision(items[k].Service, d)
+			results[index[k]] = batchResult{Decision: d.String(), Digest: items[k].Digest.String()}
+		}
+	case isUnavailable(err) || len(items) == 1:
 		s.storeError(w, "check batch", err)
 		return
-	}
-	for k, d := range decisions {
-		s.metrics.decision(items[k].Service, d)
-		results[index[k]] = batchResult{Decision: d.String(), Digest: items[k].Digest.String()}
+	default:
+		// The store refused the transaction for a reason no retry fixes,
+		// perhaps because of one check: decide the checks one by one, in
+		// order, so that only that check gets an error.
+		s.metrics.storeErrors.Inc()
+		s.log.Warn("serve: the store refused a batch; deciding its checks one by one", zap.Int("checks", len(items)), zap.Error(err))
+		s.checkSeparately(ctx, items, index, results)
 	}
 	writeJSON(w, http.StatusOK, batchResponse{Results: results})
+}
+
+// checkSeparately decides items one by one, each in a transaction of its
+// own, writing each answer or error to results[index[k]]. After an outage
+// the remaining checks are not tried: each says it was not decided.
+func (s *Server) checkSeparately(ctx context.Context, items []dedup.CheckItem, index []int, results []batchResult) {
+	var down error
+	for k, it := range items {
+		r := &results[index[k]]
+		if down != nil {
+			r.Error = &errorBody{Code: codeUnavailable, Message: unavailableMessage}
+			continue
+		}
+		d, err := checkOne(ctx, s.store, it)
+		switch {
+		case err == nil:
+			s.metrics.decision(it.Service, d)
+			*r = batchResult{Decision: d.String(), Digest: it.Digest.String()}
+		case isUnavailable(err):
+			down = err
+			s.metrics.storeErrors.Inc()
+			s.log.Warn("serve: store unavailable", zap.String("op", "check batch"), zap.Error(err))
+			r.Error = &errorBody{Code: codeUnavailable, Message: unavailableMessage}
+		default:
+			s.metrics.storeErrors.Inc()
+			s.log.Error("serve: store error", zap.String("op", "check batch"), zap.Int("check", index[k]), zap.Error(err))
+			r.Error = &errorBody{Code: codeInternal, Message: "store error"}
+		}
+	}
 }
 
 // stateResponse is an identity's stored state.
@@ -358,6 +549,9 @@ func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (string, 
 // with ?encoding=hex.
 func pathIdentity(r *http.Request) (string, []byte, *apiError) {
 	service, entity := r.PathValue("service"), []byte(r.PathValue("entity"))
+	if err := dedup.CheckService(service); err != nil {
+		return "", nil, identityError("service", err)
+	}
 	switch enc := r.URL.Query().Get("encoding"); enc {
 	case "", "text":
 	case "hex":
@@ -367,7 +561,10 @@ func pathIdentity(r *http.Request) (string, []byte, *apiError) {
 		}
 		entity = b
 	default:
-		return "", nil, badRequest(codeBadField, "encoding %q: want text or hex", enc)
+		return "", nil, badRequest(codeBadField, "encoding %q: want text or hex", truncate(enc, 64))
+	}
+	if err := dedup.CheckEntity(entity); err != nil {
+		return "", nil, identityError("entity", err)
 	}
 	return service, entity, nil
 }

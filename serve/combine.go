@@ -17,7 +17,11 @@ import (
 // commits, not the requests, are what PostgreSQL counts.
 //
 // Each check takes effect when its batch commits, inside its request's
-// time, so decisions stay linearizable per identity. A check whose request
+// time, so decisions stay linearizable per identity. When the store
+// refuses a batch for a reason that is not an outage (a check it cannot
+// take although it passed dam's own limits), the batch's checks are
+// decided again one by one, each in its own transaction: one client's
+// check never fails another's. A check whose request
 // ends (timeout, client gone) before a decider took it is withdrawn: no
 // decision is made. Once taken, it is answered by its batch, which runs
 // with the earliest deadline of its checks.
@@ -149,8 +153,20 @@ func (c *combiner) decider() {
 		ctx, cancel := context.WithDeadline(c.base, deadline)
 		var err error
 		out, err = c.store.CheckBatch(ctx, items, out)
-		cancel()
 		c.metrics.combined.Observe(float64(len(batch)))
+		if err != nil && !isUnavailable(err) && len(batch) > 1 {
+			// The store refused the shared transaction for a reason no
+			// retry fixes, perhaps because of one check: decide them
+			// one by one, so that only that check fails.
+			c.metrics.separated.Add(float64(len(batch)))
+			for _, w := range batch {
+				w.decision, w.err = checkOne(ctx, c.store, w.item)
+				close(w.done)
+			}
+			cancel()
+			continue
+		}
+		cancel()
 		for i, w := range batch {
 			if err != nil {
 				w.err = err
@@ -160,4 +176,13 @@ func (c *combiner) decider() {
 			close(w.done)
 		}
 	}
+}
+
+// checkOne decides item in a transaction of its own.
+func checkOne(ctx context.Context, store *dedup.Store, item dedup.CheckItem) (dedup.Decision, error) {
+	out, err := store.CheckBatch(ctx, []dedup.CheckItem{item}, nil)
+	if err != nil {
+		return 0, err
+	}
+	return out[0], nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -39,16 +40,30 @@ func testConfig(dsn string) config.Config {
 }
 
 type harness struct {
-	t     *testing.T
-	url   string
-	store *dedup.Store
-	srv   *serve.Server
+	t      *testing.T
+	url    string
+	store  *dedup.Store
+	srv    *serve.Server
+	client *http.Client
 }
 
 // newHarness serves cfg (testConfig on a fresh schema, changed by mutate)
 // on an httptest server, every exchange checked against the OpenAPI
 // document (contract_test.go).
 func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
+	t.Helper()
+	h := newServer(t, mutate)
+	h.srv.Start(context.Background())
+	t.Cleanup(h.srv.Close) // after the HTTP server's close (cleanups run last first)
+	ts := httptest.NewServer(validated(t, h.srv.Handler()))
+	t.Cleanup(ts.Close)
+	h.url = ts.URL
+	return h
+}
+
+// newServer builds the server of testConfig on a fresh schema, changed by
+// mutate, without serving it.
+func newServer(t *testing.T, mutate func(*config.Config)) *harness {
 	t.Helper()
 	dsn := pgtest.DSN(t)
 	cfg := testConfig(dsn)
@@ -67,11 +82,29 @@ func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.Start(context.Background())
-	t.Cleanup(srv.Close) // after the HTTP server's close (cleanups run last first)
-	ts := httptest.NewServer(validated(t, srv.Handler()))
-	t.Cleanup(ts.Close)
-	return &harness{t: t, url: ts.URL, store: store, srv: srv}
+	return &harness{t: t, store: store, srv: srv, client: http.DefaultClient}
+}
+
+// run serves h with Run (its connection limit, TLS, its server's
+// timeouts) on a port of 127.0.0.1 until the test ends, and returns the
+// address.
+func (h *harness) run() string {
+	h.t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.srv.Run(ctx, ln) }()
+	h.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			h.t.Errorf("Run: %v", err)
+		}
+	})
+	h.url = "http://" + ln.Addr().String()
+	return ln.Addr().String()
 }
 
 // do sends a request with token (none if "") and returns the status, the
@@ -85,7 +118,7 @@ func (h *harness) do(method, path, token, body string) (int, http.Header, string
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := h.client.Do(req)
 	if err != nil {
 		h.t.Fatal(err)
 	}

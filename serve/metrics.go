@@ -12,17 +12,32 @@ import (
 )
 
 type metrics struct {
-	requests    *prometheus.CounterVec
-	seconds     *prometheus.HistogramVec
-	decisions   *prometheus.CounterVec
-	storeErrors prometheus.Counter
-	inFlight    prometheus.Gauge
-	combined    prometheus.Histogram
+	requests     *prometheus.CounterVec
+	seconds      *prometheus.HistogramVec
+	decisions    *prometheus.CounterVec
+	storeErrors  prometheus.Counter
+	inFlight     prometheus.Gauge
+	combined     prometheus.Histogram
+	separated    prometheus.Counter
+	bodyBytes    prometheus.Gauge
+	overloaded   prometheus.Counter
+	conns        prometheus.Gauge
+	connsRefused prometheus.Counter
+
+	// services are the service label values besides "other": the
+	// configured services (routes, and services named by tokens).
+	services map[string]bool
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// otherService is the service label of every service that is not
+// configured: a "*" token may send any name, and each would otherwise be
+// a series of its own.
+const otherService = "other"
+
+func newMetrics(reg prometheus.Registerer, services map[string]bool) *metrics {
 	f := promauto.With(reg)
 	return &metrics{
+		services: services,
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dam_serve_requests_total",
 			Help: "API requests by endpoint and HTTP status code.",
@@ -49,10 +64,33 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Single checks decided together in one transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
 		}),
+		bodyBytes: f.NewGauge(prometheus.GaugeOpts{
+			Name: "dam_serve_body_bytes_in_flight",
+			Help: "Room taken by the request bodies being read or decoded (serve.max_in_flight_bytes).",
+		}),
+		overloaded: f.NewCounter(prometheus.CounterOpts{
+			Name: "dam_serve_overloaded_total",
+			Help: "Requests answered 503 because their body found no room within serve.request_timeout.",
+		}),
+		conns: f.NewGauge(prometheus.GaugeOpts{
+			Name: "dam_serve_connections",
+			Help: "Connections being served (serve.max_connections).",
+		}),
+		connsRefused: f.NewCounter(prometheus.CounterOpts{
+			Name: "dam_serve_connections_refused_total",
+			Help: "Connections answered 503 (or closed) because none of serve.max_connections freed up in time.",
+		}),
+		separated: f.NewCounter(prometheus.CounterOpts{
+			Name: "dam_serve_separated_checks_total",
+			Help: "Single checks decided again one by one because the store refused their shared transaction.",
+		}),
 	}
 }
 
 func (m *metrics) decision(service string, d dedup.Decision) {
+	if !m.services[service] {
+		service = otherService
+	}
 	m.decisions.WithLabelValues(service, d.String()).Inc()
 }
 
@@ -68,6 +106,10 @@ func (w *statusWriter) WriteHeader(code int) {
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets http.ResponseController reach the connection (the body's
+// read deadline).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {

@@ -28,20 +28,38 @@
 // valid token, 403 for a token not allowed the service); tokens are
 // compared in constant time and never logged.
 //
+// Everything a client controls is bounded: identities by dedup's limits
+// (400, before the store), bodies by serve.max_body_bytes (413), the
+// bodies being read or decoded at once by serve.max_in_flight_bytes and
+// the connections by serve.max_connections (beyond either, a request waits
+// up to serve.request_timeout, then gets 503 overloaded with Retry-After),
+// every phase of a connection by a timeout (a body that does not arrive
+// within serve.request_timeout of finding room: 408), the service label
+// values by the configuration.
+//
 // Metrics (all on the registry given to New):
 //
 //	dam_serve_requests_total{endpoint,code}      requests by endpoint and HTTP status
 //	dam_serve_request_seconds{endpoint}          request latency
-//	dam_serve_decisions_total{service,decision}  forward and duplicate answers
-//	dam_serve_store_errors_total                 store errors (answered 503)
+//	dam_serve_decisions_total{service,decision}  forward and duplicate answers, by configured
+//	                                             service (routes, and tokens' services); "other"
+//	                                             for the rest
+//	dam_serve_store_errors_total                 store errors (answered 503, or 500)
 //	dam_serve_in_flight                          requests being served
+//	dam_serve_body_bytes_in_flight               room taken by the bodies being read or decoded
+//	dam_serve_overloaded_total                   requests answered 503: no room for the body in time
+//	dam_serve_connections                        connections being served
+//	dam_serve_connections_refused_total          connections answered 503 (or closed): none freed in time
 //	dam_serve_combined_checks                    single checks decided per transaction
+//	dam_serve_separated_checks_total             single checks decided again one by one after the
+//	                                             store refused their shared transaction
 package serve
 
 import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -83,6 +101,10 @@ type Server struct {
 	fallback *canon.Hasher            // canon's defaults
 	tokens   []token
 	deciders int // combining deciders: postgres.max_conns
+	room     *room
+	certs    *certReloader // nil without serve.tls
+	ready    readiness
+	timeouts timeouts
 
 	draining atomic.Bool // shutting down: not ready
 
@@ -100,8 +122,8 @@ type token struct {
 }
 
 // New builds the service from the configuration's serve section and
-// routes. It reads token files (an error names the key) and does not
-// connect to the store.
+// routes. It reads token files and the TLS certificate (an error names
+// the key) and does not connect to the store.
 func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error) {
 	s := &Server{cfg: cfg.Serve, store: store, log: zap.NewNop(), hashers: map[string]*canon.Hasher{},
 		deciders: max(1, int(cfg.Postgres.MaxConns))}
@@ -111,8 +133,27 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()
 	}
-	s.metrics = newMetrics(s.reg)
+	services := map[string]bool{}
+	for _, r := range cfg.Routes {
+		services[r.Service] = true
+	}
+	for _, t := range cfg.Serve.Tokens {
+		for _, svc := range t.Services {
+			if svc != config.AnyService {
+				services[svc] = true
+			}
+		}
+	}
+	s.metrics = newMetrics(s.reg, services)
+	s.ready = readiness{store: store, log: s.log}
+	s.room = newRoom(int64(cfg.Serve.MaxInFlightBytes), s.metrics.bodyBytes.Set)
+	s.timeouts = newTimeouts(cfg.Serve.RequestTimeout)
 	var err error
+	if t := cfg.Serve.TLS; t.Enabled() {
+		if s.certs, err = newCertReloader(t.CertFile, t.KeyFile, s.log); err != nil {
+			return nil, err
+		}
+	}
 	if s.fallback, err = canon.New(); err != nil {
 		return nil, err
 	}
@@ -198,7 +239,9 @@ func (s *Server) Close() {
 }
 
 // Handler returns the service's HTTP handler: the API, /metrics, /healthz
-// and /readyz.
+// and /readyz. It bounds what its requests hold (identities, bodies and
+// the bodies in flight); the connection bound, TLS and the server's
+// timeouts are Run's, which a server of your own must provide itself.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/check", s.instrument("check", s.handleCheck))
@@ -217,32 +260,62 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-// readyTimeout bounds the store ping of /readyz.
-const readyTimeout = 2 * time.Second
+// timeouts are the HTTP server's: every phase of a connection is
+// bounded, so that no client (a slow reader of /metrics, an idle
+// keep-alive connection, a trickled header) holds a connection for good.
+type timeouts struct {
+	header time.Duration // the request line and headers
+	read   time.Duration // the whole request; a body is bounded by the request's own deadline
+	write  time.Duration // from the end of the headers to the end of the response
+	idle   time.Duration // a keep-alive connection between requests
+}
 
-func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
-	if s.draining.Load() {
-		http.Error(w, "shutting down", http.StatusServiceUnavailable)
-		return
+// maxHeaderBytes bounds a request's line and headers (a state path holds
+// at most a 1 KiB entity, 2 KiB as hex).
+const maxHeaderBytes = 16 << 10
+
+func newTimeouts(request time.Duration) timeouts {
+	const header = 5 * time.Second
+	return timeouts{
+		// A request waits for room up to serve.request_timeout, then reads
+		// its body and decides within serve.request_timeout, then writes
+		// its answer.
+		header: header,
+		read:   2*request + header,
+		write:  2*request + 10*time.Second,
+		idle:   2 * time.Minute,
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
-	defer cancel()
-	if err := s.store.Ping(ctx); err != nil {
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
-		return
-	}
-	_, _ = w.Write([]byte("ready\n"))
 }
 
 // Run serves on ln until ctx is canceled, then stops accepting, reports
 // not-ready and lets the requests in flight finish within
 // serve.shutdown_grace. It returns nil after a clean shutdown.
+//
+// It serves at most serve.max_connections connections at once (see
+// connLimit), over TLS with serve.tls, and speaks HTTP/1.1 only: one
+// request per connection at a time, so that the connection bound is also
+// the bound of the requests in flight.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	var tlsConfig *tls.Config
+	if s.certs != nil {
+		tlsConfig = s.certs.tlsConfig()
+	}
+	limit := newConnLimit(ln, s.cfg.MaxConnections, s.cfg.RequestTimeout, tlsConfig, s.metrics)
+	var served net.Listener = limit
+	if tlsConfig != nil {
+		served = tls.NewListener(limit, tlsConfig)
+	}
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
 	srv := &http.Server{
 		Handler:           s.Handler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       s.cfg.RequestTimeout + 10*time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: s.timeouts.header,
+		ReadTimeout:       s.timeouts.read,
+		WriteTimeout:      s.timeouts.write,
+		IdleTimeout:       s.timeouts.idle,
+		MaxHeaderBytes:    maxHeaderBytes,
+		Protocols:         &protocols,
+		ConnState:         limit.connState,
 		// Requests outlive ctx's cancellation: shutdown lets them finish.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ErrorLog:    zap.NewStdLog(s.log.Named("http")),
@@ -250,11 +323,12 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	s.Start(ctx)
 	defer s.Close() // after the shutdown: no request is left to answer
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	s.log.Info("serve: listening", zap.String("addr", ln.Addr().String()), zap.Int("tokens", len(s.tokens)),
-		zap.Int("routes", len(s.hashers)))
+	go func() { errc <- srv.Serve(served) }()
+	s.log.Info("serve: listening", zap.String("addr", ln.Addr().String()), zap.Bool("tls", tlsConfig != nil),
+		zap.Int("tokens", len(s.tokens)), zap.Int("routes", len(s.hashers)))
 	select {
 	case err := <-errc:
+		_ = limit.Close()
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
@@ -263,6 +337,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 	err := srv.Shutdown(sctx)
 	<-errc // Serve returned ErrServerClosed
+	_ = limit.Close()
 	if err != nil {
 		return fmt.Errorf("serve: shutdown: %w", err)
 	}

@@ -186,9 +186,13 @@ func TestErrors(t *testing.T) {
 		code, msg        string
 	}{
 		{"empty body", "/v1/check", ``, 400, "bad_json", "empty body"},
-		{"not JSON", "/v1/check", `{"service":`, 400, "bad_json", "invalid request body"},
-		{"wrong type", "/v1/check", `{"service":7,"entity":"e","payload":1}`, 400, "bad_json", "service"},
-		{"unknown field", "/v1/check", `{"service":"a","entity":"e","paylod":1}`, 400, "bad_json", "paylod"},
+		{"not JSON", "/v1/check", `{"service":`, 400, "bad_json", "invalid request body: the body ends inside the JSON value"},
+		{"syntax", "/v1/check", `{"service":"a",]`, 400, "bad_json", "invalid request body: invalid JSON at byte 16: invalid character ']'"},
+		{"wrong type", "/v1/check", `{"service":7,"entity":"e","payload":1}`, 400, "bad_json", "invalid request body: service: want a string, got a number (byte 12)"},
+		{"not an object", "/v1/check", `[1]`, 400, "bad_json", "invalid request body: want a JSON object, got an array"},
+		{"wrong type in a batch", "/v1/check:batch", `{"checks":[{"entity":{}}]}`, 400, "bad_json", "invalid request body: checks.entity: want a string, got an object"},
+		{"checks not an array", "/v1/check:batch", `{"checks":{}}`, 400, "bad_json", "invalid request body: checks: want an array, got an object"},
+		{"unknown field", "/v1/check", `{"service":"a","entity":"e","paylod":1}`, 400, "bad_json", `invalid request body: unknown field "paylod"`},
 		{"trailing data", "/v1/check", `{"service":"a","entity":"e","payload":1} {}`, 400, "bad_json", "after the JSON value"},
 		{"missing service", "/v1/check", `{"entity":"e","payload":1}`, 400, "missing_field", "service"},
 		{"missing entity", "/v1/check", `{"service":"a","payload":1}`, 400, "missing_field", "entity"},
@@ -208,6 +212,13 @@ func TestErrors(t *testing.T) {
 		c, msg := errorCode(t, out)
 		if code != tc.status || c != tc.code || !strings.Contains(msg, tc.msg) {
 			t.Errorf("%s: %d %s %q; want %d %s ...%s...", tc.name, code, c, msg, tc.status, tc.code, tc.msg)
+		}
+		// Messages speak of the API, not of dam's Go types (issue 19,
+		// item 6: "Go struct field checkRequest.service").
+		for _, inner := range []string{"Go ", "serve.check", "serve.batch", "checkRequest", "batchRequest", "json: "} {
+			if strings.Contains(msg, inner) {
+				t.Errorf("%s: the message names %q: %s", tc.name, inner, msg)
+			}
 		}
 	}
 }

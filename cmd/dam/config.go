@@ -12,16 +12,34 @@ import (
 
 func newConfigCmd() *cobra.Command {
 	var path string
+	var forServe bool
 	cmd := &cobra.Command{
 		Use:   "config",
 		Short: "Print the effective configuration, secrets redacted",
 		Long: `Print the effective configuration as YAML: the defaults, overlaid by the
 configuration file, overlaid by DAM_* environment variables, with the
-PostgreSQL and SASL passwords redacted. An invalid configuration is
-reported, every problem with its key, with exit status 2.`,
+PostgreSQL and SASL passwords and the serve tokens redacted. An invalid
+configuration is reported, every problem with its key, with exit status 2.
+
+The configuration is checked as dam run reads it; with --serve, as dam
+serve reads it (kafka and routes optional, a token required).`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := loadConfig(path)
+			var cfg config.Config
+			var err error
+			if forServe {
+				cfg, err = config.LoadServe(path, os.Environ())
+				if err != nil {
+					err = usageError{configError{path: path, err: err}}
+				}
+			} else {
+				cfg, err = loadConfig(path)
+				if err != nil {
+					if _, serr := config.LoadServe(path, os.Environ()); serr == nil {
+						err = usageError{fmt.Errorf("%w\ndam: (valid for dam serve: check it with dam config --serve)", err)}
+					}
+				}
+			}
 			if err != nil {
 				return err
 			}
@@ -34,6 +52,7 @@ reported, every problem with its key, with exit status 2.`,
 		},
 	}
 	cmd.Flags().StringVar(&path, "config", "dam.yaml", "configuration `file`")
+	cmd.Flags().BoolVar(&forServe, "serve", false, "check the configuration as dam serve reads it (kafka and routes optional)")
 	return cmd
 }
 

@@ -128,3 +128,26 @@ func TestLoadConfigIsUsageError(t *testing.T) {
 		t.Fatalf("loadConfig: %+v, %v", cfg.Kafka.SASL, err)
 	}
 }
+
+// A configuration for dam serve alone (no kafka, no routes) is printed
+// with --serve, which checks it as dam serve does; without --serve the
+// errors say that --serve exists (issue 19, item 6).
+func TestConfigServeOnly(t *testing.T) {
+	unsetDSN(t)
+	t.Setenv("DAM_SERVE_TOKEN", "")
+	os.Unsetenv("DAM_SERVE_TOKEN")
+	path := writeConfig(t, "postgres: {dsn: \"postgres://dam:s3cret@db/dam\"}\nserve:\n  token: serve-only-token-5f3a9c1e7b2d\n")
+	code, out, errOut := runConfig(t, "--serve", "--config", path)
+	if code != 0 || !strings.Contains(out, "listen: :8080\n") || strings.Contains(out, "serve-only-token") || strings.Contains(out, "s3cret") {
+		t.Fatalf("config --serve: exit %d, stderr %q\n%s", code, errOut, out)
+	}
+	code, _, errOut = runConfig(t, "--config", path)
+	if code != 2 || !strings.Contains(errOut, "kafka.brokers: required") || !strings.Contains(errOut, "dam config --serve") {
+		t.Fatalf("config without --serve: exit %d, %q; want exit 2 naming kafka.brokers and --serve", code, errOut)
+	}
+	// --serve still checks what dam serve needs: a token.
+	path = writeConfig(t, "postgres: {dsn: \"postgres://dam@db/dam\"}\n")
+	if code, _, errOut := runConfig(t, "--serve", "--config", path); code != 2 || !strings.Contains(errOut, "serve.tokens: required") {
+		t.Fatalf("config --serve without a token: exit %d, %q", code, errOut)
+	}
+}

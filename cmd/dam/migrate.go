@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/migrations"
 )
 
@@ -65,7 +67,7 @@ func resolveDSN(cmd *cobra.Command) (string, error) {
 }
 
 func newMigrateCmd() *cobra.Command {
-	var down bool
+	var down, yes bool
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply (or revert) dam's PostgreSQL schema",
@@ -73,12 +75,17 @@ func newMigrateCmd() *cobra.Command {
 search_path, printing the version before and after. Safe to run
 concurrently (an advisory lock serialises runs) and to repeat.
 
---down reverts every migration: it drops dam's tables and all their state.`,
+--down reverts every migration: it drops dam's tables and all their state.
+It requires --yes, and it is refused while a dam session (dam run, dam
+serve, a state command) is connected to the schema: stop them first.`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dsn, err := resolveDSN(cmd)
 			if err != nil {
 				return err
+			}
+			if down && !yes {
+				return usagef("migrate --down drops dam's tables and all their state in the schema of %s: add --yes to confirm", config.RedactDSN(dsn))
 			}
 			ctx := cmd.Context()
 			conn, err := pgx.Connect(ctx, dsn)
@@ -93,6 +100,13 @@ concurrently (an advisory lock serialises runs) and to repeat.
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "schema version %d (this dam knows %d)\n", before, latest)
 			if down {
+				// Held until conn closes: no dam session connects meanwhile.
+				if err := dedup.LockSchema(ctx, conn); err != nil {
+					if errors.Is(err, dedup.ErrSchemaInUse) {
+						return fmt.Errorf("migrate --down refused: %w: stop them first", err)
+					}
+					return err
+				}
 				err = migrations.Down(ctx, conn)
 			} else {
 				err = migrations.Up(ctx, conn)
@@ -113,6 +127,7 @@ concurrently (an advisory lock serialises runs) and to repeat.
 		},
 	}
 	addDSNFlag(cmd, false)
-	cmd.Flags().BoolVar(&down, "down", false, "revert every migration (drops all state)")
+	cmd.Flags().BoolVar(&down, "down", false, "revert every migration (drops all state; requires --yes)")
+	cmd.Flags().BoolVar(&yes, "yes", false, "confirm --down")
 	return cmd
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/migrations"
 )
@@ -27,7 +28,7 @@ func runDam(t *testing.T, args ...string) (int, string, string) {
 func TestMigrateTwiceAndDown(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t) // already migrated: take it down first
-	code, out, errOut := runDam(t, "migrate", "--dsn", dsn, "--down")
+	code, out, errOut := runDam(t, "migrate", "--dsn", dsn, "--down", "--yes")
 	if code != 0 || !strings.Contains(out, "-> 0") {
 		t.Fatalf("migrate --down: %d %q %q", code, out, errOut)
 	}
@@ -90,7 +91,7 @@ func TestMigrateWithoutDSN(t *testing.T) {
 func TestRunExitsOnBrokenMigration(t *testing.T) {
 	unsetDSN(t)
 	dsn := pgtest.DSN(t)
-	if code, out, errOut := runDam(t, "migrate", "--dsn", dsn, "--down"); code != 0 {
+	if code, out, errOut := runDam(t, "migrate", "--dsn", dsn, "--down", "--yes"); code != 0 {
 		t.Fatalf("migrate --down: %d %q %q", code, out, errOut)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -120,5 +121,68 @@ func TestRunExitsOnBrokenMigration(t *testing.T) {
 	}
 	if code != 1 || !strings.Contains(errOut, "migrating the schema") || !strings.Contains(errOut, "state") {
 		t.Fatalf("dam run: exit %d, %q; want exit 1 naming the migration error", code, errOut)
+	}
+}
+
+// schemaVersion reads dsn's schema version without changing anything.
+func schemaVersion(t *testing.T, dsn string) int32 {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var v int32
+	if err := conn.QueryRow(ctx, `SELECT version FROM dam_schema_version`).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// migrate --down drops every table and all the state: it needs --yes, and
+// it is refused while a dam session is connected to the schema (issue 19,
+// item 7: a running sidecar halted on relation "progress" does not
+// exist). Sessions on other schemas do not count.
+func TestMigrateDownGuards(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	latest := schemaVersion(t, dsn)
+	code, _, errOut := runDam(t, "migrate", "--dsn", dsn, "--down")
+	if code != 2 || !strings.Contains(errOut, "--yes") {
+		t.Fatalf("migrate --down without --yes: exit %d, %q; want exit 2 asking for --yes", code, errOut)
+	}
+	if v := schemaVersion(t, dsn); v != latest {
+		t.Fatalf("schema version %d after a refused --down, want %d", v, latest)
+	}
+
+	ctx := context.Background()
+	store, err := dedup.Open(ctx, dsn, dedup.Config{ApplicationName: "dam-serve"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other, err := dedup.Open(ctx, pgtest.DSN(t), dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = runDam(t, "migrate", "--dsn", dsn, "--down", "--yes")
+	if code != 1 || !strings.Contains(errOut, "1 dam session") || !strings.Contains(errOut, "dam-serve") {
+		t.Fatalf("migrate --down with dam serve connected: exit %d, %q; want exit 1 naming the session", code, errOut)
+	}
+	t.Log(errOut)
+	if v := schemaVersion(t, dsn); v != latest {
+		t.Fatalf("schema version %d after a refused --down, want %d", v, latest)
+	}
+	store.Close()
+	code, out, errOut := runDam(t, "migrate", "--dsn", dsn, "--down", "--yes")
+	if code != 0 || !strings.Contains(out, "-> 0") {
+		t.Fatalf("migrate --down --yes with no dam session (one on another schema): exit %d, %q %q", code, out, errOut)
 	}
 }

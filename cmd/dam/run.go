@@ -88,10 +88,8 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 		return err
 	}
 
-	if cfg.Postgres.Migrate {
-		if err := migrateWithRetry(ctx, cfg, log); err != nil {
-			return err
-		}
+	if err := schemaWithRetry(ctx, cfg, log); err != nil {
+		return err
 	}
 	store, err := dedup.Open(ctx, cfg.Postgres.DSN, dedup.Config{
 		MaxConns:                 cfg.Postgres.MaxConns,
@@ -128,7 +126,7 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 			return fmt.Errorf("http.listen: %w", err)
 		}
 		addr = ln.Addr().String()
-		srv = &http.Server{Handler: httpHandler(reg, pl), ReadHeaderTimeout: 5 * time.Second}
+		srv = newHTTPServer(httpHandler(reg, pl), sidecarHTTP, log)
 		g.Go(func() error {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("http: %w", err)
@@ -156,6 +154,32 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 		return usageError{err} // the cluster contradicts the configuration
 	} else {
 		return err
+	}
+}
+
+// httpTimeouts bound every phase of an HTTP connection, so that no client
+// (a slow reader of /metrics, an idle keep-alive connection, a trickled
+// header) holds one for good.
+type httpTimeouts struct {
+	header, read, write, idle time.Duration
+}
+
+// sidecarHTTP are the timeouts of the sidecar's /metrics, /healthz and
+// /readyz (GET requests without a body; /metrics may be large with many
+// partitions). A variable so that a test can shorten them.
+var sidecarHTTP = httpTimeouts{header: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: 2 * time.Minute}
+
+// newHTTPServer returns a server of h with the timeouts t and small
+// request headers (16 KiB).
+func newHTTPServer(h http.Handler, t httpTimeouts, log *zap.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: t.header,
+		ReadTimeout:       t.read,
+		WriteTimeout:      t.write,
+		IdleTimeout:       t.idle,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          zap.NewStdLog(log.Named("http")),
 	}
 }
 
@@ -202,21 +226,32 @@ func httpHandler(reg *prometheus.Registry, pl *pipeline.Pipeline) http.Handler {
 	return mux
 }
 
-// migrateWithRetry applies the migrations at start (postgres.migrate),
-// waiting with capped backoff while PostgreSQL is unreachable. Any other
-// error (a wrong password, a migration that does not apply) needs a
-// person: it is returned at once, and dam exits saying so.
-func migrateWithRetry(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+// schemaWithRetry makes sure at start that the schema is the version this
+// binary knows: it applies the migrations when postgres.migrate allows,
+// and refuses a schema newer than it knows (whatever postgres.migrate
+// says) or older (when it may not migrate), naming both versions. It
+// waits with capped backoff while PostgreSQL is unreachable. Any other
+// error (a wrong password, a migration that does not apply, a version
+// mismatch) needs a person: it is returned at once, and dam exits saying
+// so.
+func schemaWithRetry(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	pol := retry.Policy{Min: cfg.Pipeline.RetryMin, Max: cfg.Pipeline.RetryMax}
+	migrated := false
 	err := retry.Run(ctx, pol, func(err error, wait time.Duration) {
-		log.Warn("postgres: unreachable while migrating; retrying", zap.Duration("retry_in", wait), zap.Error(err))
+		log.Warn("postgres: unreachable while checking the schema; retrying", zap.Duration("retry_in", wait), zap.Error(err))
 	}, func() error {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		conn, err := pgx.Connect(cctx, cfg.Postgres.DSN)
 		if err == nil {
 			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-			err = migrations.Up(ctx, conn)
+			err = migrations.Check(ctx, conn)
+			if errors.Is(err, migrations.ErrOlder) && cfg.Postgres.Migrate {
+				migrated = true
+				if err = migrations.Up(ctx, conn); err == nil {
+					err = migrations.Check(ctx, conn)
+				}
+			}
 		}
 		if err != nil && !dedup.Transient(err) {
 			return retry.Permanent(err)
@@ -224,7 +259,10 @@ func migrateWithRetry(ctx context.Context, cfg config.Config, log *zap.Logger) e
 		return err
 	})
 	if err != nil && ctx.Err() == nil {
-		return fmt.Errorf("postgres: migrating the schema: %w", err)
+		if migrated && !errors.Is(err, migrations.ErrNewer) && !errors.Is(err, migrations.ErrOlder) {
+			return fmt.Errorf("postgres: migrating the schema: %w", err)
+		}
+		return fmt.Errorf("postgres: %w", err)
 	}
 	return err
 }

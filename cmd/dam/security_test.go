@@ -68,3 +68,33 @@ func TestRunRefusedByKafka(t *testing.T) {
 		})
 	}
 }
+
+// Every DSN key that ends in "password" is redacted wherever dam prints
+// a DSN (issue 19, item 10: dam config and a migrate connection error
+// printed sslpassword): in dam config, in a connection error, in a DSN
+// that does not parse.
+func TestDSNPasswordsRedacted(t *testing.T) {
+	unsetDSN(t)
+	const secret = "s3cret-sslpass"
+	for _, dsn := range []string{
+		"postgres://dam:" + secret + "@127.0.0.1:1/dam?sslpassword=" + secret + "&sslmode=disable&connect_timeout=2",
+		"host=127.0.0.1 port=1 user=dam password=" + secret + " sslpassword=" + secret + " sslmode=disable connect_timeout=2",
+	} {
+		path := writeRunConfig(t, dsn, "")
+		for _, args := range [][]string{
+			{"config", "--config", path},
+			{"migrate", "--dsn", dsn},
+			{"state", "stats", "--dsn", dsn},
+			{"state", "stats", "--dsn", strings.Replace(dsn, "sslmode=disable", "sslmode=bogus", 1)},
+			{"migrate", "--dsn", strings.Replace(dsn, "sslmode=disable", "sslmode=bogus", 1)},
+		} {
+			code, out, errOut := runDam(t, args...)
+			if strings.Contains(out+errOut, secret) {
+				t.Errorf("dam %s: exit %d prints the password:\n%s%s", strings.Join(args[:2], " "), code, out, errOut)
+			}
+			if args[0] == "config" && (code != 0 || strings.Count(out, "xxxxx") != 2) {
+				t.Errorf("dam config: exit %d, %q %q", code, out, errOut)
+			}
+		}
+	}
+}

@@ -58,13 +58,11 @@ SIGINT lets the requests in flight finish and exits 0.`,
 func runServe(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if cfg.Postgres.Migrate {
-		if err := migrateWithRetry(ctx, cfg, log); err != nil {
-			if errors.Is(err, context.Canceled) {
-				return nil
-			}
-			return err
+	if err := schemaWithRetry(ctx, cfg, log); err != nil {
+		if errors.Is(err, context.Canceled) {
+			return nil
 		}
+		return err
 	}
 	store, err := dedup.Open(ctx, cfg.Postgres.DSN, dedup.Config{
 		MaxConns:                 cfg.Postgres.MaxConns,

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -62,6 +63,22 @@ func entityArgs(cmd *cobra.Command, args []string) ([][]byte, error) {
 	return entities, nil
 }
 
+// showService prints a service name as it is when it is printable text,
+// else Go-quoted with its escapes spelled out ("evil\x1b]0;..."): a name
+// stored by an older dam may hold terminal escapes (or bidirectional
+// overrides, tabs), which must not reach the operator's terminal as such.
+func showService(s string) string {
+	if !utf8.ValidString(s) || strings.HasPrefix(s, `"`) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
 func newStateGetCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get SERVICE ENTITY",
@@ -92,7 +109,7 @@ func newStateGetCmd() *cobra.Command {
 				})
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "service\t%s\n", st.Service)
+			fmt.Fprintf(w, "service\t%s\n", showService(st.Service))
 			fmt.Fprintf(w, "mode\t%s\n", st.Mode)
 			if st.Mode == dedup.Window {
 				fmt.Fprintf(w, "id\t%s\n", explain.ShowEntity(st.Entity))
@@ -193,9 +210,9 @@ stderr (a bar on a terminal, plain lines otherwise).`,
 			}
 			pr.done()
 			if err != nil {
-				return fmt.Errorf("reset of service %s stopped after %d identities: %w", service, n, err)
+				return fmt.Errorf("reset of service %s stopped after %d identities: %w", showService(service), n, err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "reset %d identities of service %s\n", n, service)
+			fmt.Fprintf(cmd.OutOrStdout(), "reset %d identities of service %s\n", n, showService(service))
 			return nil
 		},
 	}
@@ -247,9 +264,10 @@ func readEntities(cmd *cobra.Command, name string) ([][]byte, error) {
 func newStatePruneCmd() *cobra.Command {
 	var olderThan time.Duration
 	var service string
+	var yes bool
 	var batch, windowBatch int
 	cmd := &cobra.Command{
-		Use:   "prune [--older-than DURATION] [--service S]",
+		Use:   "prune [--older-than DURATION (--service S | --yes)]",
 		Short: "Delete expired window ids, and state not forwarded for a while",
 		Long: `Delete the expired ids of window-mode services (of one service, or of
 all), in statements of --window-batch rows, each its own short transaction:
@@ -257,7 +275,8 @@ what the background cleanup of 'dam run' does, on demand. Expired ids
 already read as absent, so this changes no decision.
 
 With --older-than, also delete the last-seen and version state of
-identities not forwarded for that long. A pruned identity's next record is
+identities not forwarded for that long; of every service unless --service
+is given, which requires --yes, as reset --all does. A pruned identity's next record is
 forwarded (in version mode, even an older version): prune only beyond the
 age at which a repeat no longer matters. It walks the state in batches of
 --batch rows, each a short statement of its own (rows being decided are
@@ -273,6 +292,9 @@ otherwise).`,
 			}
 			if windowBatch <= 0 {
 				return usagef("prune: --window-batch must be positive")
+			}
+			if olderThan > 0 && service == "" && !yes {
+				return usagef("prune: --older-than %s without --service forgets the state of every service not forwarded for that long: add --yes to confirm, or name one with --service", olderThan)
 			}
 			s, err := openStore(cmd)
 			if err != nil {
@@ -301,7 +323,8 @@ otherwise).`,
 		},
 	}
 	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "also prune last-seen and version state not forwarded for this long (e.g. 720h)")
-	cmd.Flags().StringVar(&service, "service", "", "only this service (default: all)")
+	cmd.Flags().StringVar(&service, "service", "", "only this service (default: all; with --older-than, all requires --yes)")
+	cmd.Flags().BoolVar(&yes, "yes", false, "confirm --older-than for every service")
 	cmd.Flags().IntVar(&batch, "batch", 10000, "state rows walked per statement (with --older-than)")
 	cmd.Flags().IntVar(&windowBatch, "window-batch", dedup.DefaultCleanupBatch, "expired window ids deleted per statement")
 	addProgressFlag(cmd)
@@ -343,7 +366,7 @@ func newStateStatsCmd() *cobra.Command {
 				if st.Mode == dedup.Window {
 					expired = strconv.FormatInt(st.Expired, 10)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", st.Service, st.Mode, st.Rows, expired,
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\n", showService(st.Service), st.Mode, st.Rows, expired,
 					st.Oldest.UTC().Format(time.RFC3339), st.Newest.UTC().Format(time.RFC3339))
 			}
 			return w.Flush()

@@ -63,7 +63,7 @@ func TestStateGetResetRoundTrip(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "reset 3 ") {
 		t.Fatalf("reset --all: %d %q %q", code, out, errOut)
 	}
-	code, out, errOut = runDam(t, "state", "prune", "--dsn", dsn, "--older-than", "720h")
+	code, out, errOut = runDam(t, "state", "prune", "--dsn", dsn, "--older-than", "720h", "--yes")
 	if code != 0 || !strings.Contains(out, "pruned 0 ") || !strings.Contains(out, "deleted 0 expired window ids") {
 		t.Fatalf("prune: %d %q %q", code, out, errOut)
 	}
@@ -306,11 +306,11 @@ func TestStatePruneProgress(t *testing.T) {
 	if errOut != "prune: 10/30 rows walked (33%), 10 deleted\nprune: 30/30 rows walked (100%), 12 deleted\n" {
 		t.Fatalf("progress lines: %q", errOut)
 	}
-	if code, _, errOut := runDam(t, "state", "prune", "--dsn", dsn, "--older-than", "1h", "--progress", "fancy"); code != 2 || !strings.Contains(errOut, "want auto, bar, lines or none") {
+	if code, _, errOut := runDam(t, "state", "prune", "--dsn", dsn, "--older-than", "1h", "--yes", "--progress", "fancy"); code != 2 || !strings.Contains(errOut, "want auto, bar, lines or none") {
 		t.Fatalf("--progress fancy: %d %q", code, errOut)
 	}
 	// auto: stderr here is not a terminal, so plain lines.
-	code, _, errOut = runDam(t, "state", "prune", "--dsn", dsn, "--older-than", "1h")
+	code, _, errOut = runDam(t, "state", "prune", "--dsn", dsn, "--older-than", "1h", "--yes")
 	if code != 0 || !strings.HasPrefix(errOut, "prune: ") || strings.Contains(errOut, "\r") {
 		t.Fatalf("auto progress off a terminal: %d %q", code, errOut)
 	}
@@ -340,5 +340,79 @@ func TestStateUnreachable(t *testing.T) {
 	code, _, errOut := runDam(t, "state", "get", "--dsn", "postgres://dam:secret@127.0.0.1:1/x?connect_timeout=2", "svc", "e")
 	if code != 1 || !strings.Contains(errOut, "store unavailable") || strings.Contains(errOut, "secret") {
 		t.Fatalf("unreachable: %d %q", code, errOut)
+	}
+}
+
+// state prune --older-than without --service forgets state of every
+// service: like reset --all, it needs --yes (issue 19, item 8: --older-than
+// 1s wiped every service's state without a question).
+func TestPruneEveryServiceNeedsYes(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	s, err := dedup.Open(context.Background(), dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fill(t, s, "a", 5)
+	fill(t, s, "b", 5)
+	if _, err := s.Pool().Exec(context.Background(), `UPDATE state SET updated_at = now() - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	count := func(service string) int64 {
+		n, err := s.Count(context.Background(), service)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	code, _, errOut := runDam(t, "state", "prune", "--dsn", dsn, "--older-than", "1s")
+	if code != 2 || !strings.Contains(errOut, "--yes") || !strings.Contains(errOut, "--service") {
+		t.Fatalf("prune --older-than of every service without --yes: exit %d, %q; want exit 2", code, errOut)
+	}
+	if a, b := count("a"), count("b"); a != 5 || b != 5 {
+		t.Fatalf("a refused prune deleted state: a %d, b %d", a, b)
+	}
+	// Expired window ids only: changes no decision, asks nothing.
+	if code, out, errOut := runDam(t, "state", "prune", "--dsn", dsn); code != 0 || !strings.Contains(out, "expired window ids") {
+		t.Fatalf("prune of window ids: exit %d, %q %q", code, out, errOut)
+	}
+	if code, out, errOut := runDam(t, "state", "prune", "--dsn", dsn, "--older-than", "1s", "--service", "a", "--progress", "none"); code != 0 || !strings.Contains(out, "pruned 5 ") {
+		t.Fatalf("prune of one service: exit %d, %q %q", code, out, errOut)
+	}
+	if a, b := count("a"), count("b"); a != 0 || b != 5 {
+		t.Fatalf("after pruning a: a %d, b %d", a, b)
+	}
+	if code, out, errOut := runDam(t, "state", "prune", "--dsn", dsn, "--older-than", "1s", "--yes", "--progress", "none"); code != 0 || !strings.Contains(out, "pruned 5 ") {
+		t.Fatalf("prune --yes: exit %d, %q %q", code, out, errOut)
+	}
+}
+
+// Service names are printed quoted when they are not plain text, as
+// entities are (issue 19, item 11: a service named with terminal escapes,
+// created through a "*" token before names were checked, was printed raw
+// by state stats and state get).
+func TestStateQuotesServices(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	s, err := dedup.Open(context.Background(), dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const evil = "evil\x1b]0;pwned\a\x1b[2J"
+	// Written past dedup's checks, as an older dam let it be.
+	if _, err := s.Pool().Exec(context.Background(), `INSERT INTO state (service, entity, digest) VALUES ($1, 'e', '\x01'::bytea || decode(repeat('ab', 32), 'hex'))`, evil); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"state", "stats", "--dsn", dsn},
+		{"state", "get", "--dsn", dsn, evil, "e"},
+		{"state", "reset", "--dsn", dsn, evil, "e"},
+	} {
+		code, out, errOut := runDam(t, args...)
+		if code != 0 || strings.ContainsAny(out+errOut, "\x1b\a") || !strings.Contains(out, `"evil\x1b]0;pwned\a\x1b[2J"`) {
+			t.Errorf("dam %s: exit %d, %q %q; want the service quoted", strings.Join(args[:2], " "), code, out, errOut)
+		}
 	}
 }

@@ -1,3 +1,10 @@
+//go:build damtest
+
+// The test hooks of the chaos suite and the benchmarks, compiled in only
+// with the damtest build tag (go build -tags damtest ./cmd/dam), which
+// internal/e2e and internal/e2ebench use; the production binary has none
+// (testhook_off.go).
+
 package main
 
 import (

@@ -1,3 +1,5 @@
+//go:build damtest
+
 package main
 
 import (

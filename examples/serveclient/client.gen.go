@@ -25,7 +25,9 @@ import (
 const (
 	CheckErrorErrorCodeBadField     CheckErrorErrorCode = "bad_field"
 	CheckErrorErrorCodeBadPayload   CheckErrorErrorCode = "bad_payload"
+	CheckErrorErrorCodeInternal     CheckErrorErrorCode = "internal"
 	CheckErrorErrorCodeMissingField CheckErrorErrorCode = "missing_field"
+	CheckErrorErrorCodeUnavailable  CheckErrorErrorCode = "unavailable"
 )
 
 // Valid indicates whether the value is a known member of the CheckErrorErrorCode enum.
@@ -35,7 +37,11 @@ func (e CheckErrorErrorCode) Valid() bool {
 		return true
 	case CheckErrorErrorCodeBadPayload:
 		return true
+	case CheckErrorErrorCodeInternal:
+		return true
 	case CheckErrorErrorCodeMissingField:
+		return true
+	case CheckErrorErrorCodeUnavailable:
 		return true
 	default:
 		return false
@@ -66,11 +72,13 @@ const (
 	ErrorCodeBadJson       ErrorCode = "bad_json"
 	ErrorCodeBadPayload    ErrorCode = "bad_payload"
 	ErrorCodeBatchTooLarge ErrorCode = "batch_too_large"
+	ErrorCodeBodyTimeout   ErrorCode = "body_timeout"
 	ErrorCodeBodyTooLarge  ErrorCode = "body_too_large"
 	ErrorCodeForbidden     ErrorCode = "forbidden"
 	ErrorCodeInternal      ErrorCode = "internal"
 	ErrorCodeMissingField  ErrorCode = "missing_field"
 	ErrorCodeNotFound      ErrorCode = "not_found"
+	ErrorCodeOverloaded    ErrorCode = "overloaded"
 	ErrorCodeUnauthorized  ErrorCode = "unauthorized"
 	ErrorCodeUnavailable   ErrorCode = "unavailable"
 )
@@ -86,6 +94,8 @@ func (e ErrorCode) Valid() bool {
 		return true
 	case ErrorCodeBatchTooLarge:
 		return true
+	case ErrorCodeBodyTimeout:
+		return true
 	case ErrorCodeBodyTooLarge:
 		return true
 	case ErrorCodeForbidden:
@@ -95,6 +105,8 @@ func (e ErrorCode) Valid() bool {
 	case ErrorCodeMissingField:
 		return true
 	case ErrorCodeNotFound:
+		return true
+	case ErrorCodeOverloaded:
 		return true
 	case ErrorCodeUnauthorized:
 		return true
@@ -141,6 +153,21 @@ func (e BadRequestCode) Valid() bool {
 	case BadRequestCodeBadPayload:
 		return true
 	case BadRequestCodeMissingField:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for BodyTimeoutCode.
+const (
+	BodyTimeoutCodeBodyTimeout BodyTimeoutCode = "body_timeout"
+)
+
+// Valid indicates whether the value is a known member of the BodyTimeoutCode enum.
+func (e BodyTimeoutCode) Valid() bool {
+	switch e {
+	case BodyTimeoutCodeBodyTimeout:
 		return true
 	default:
 		return false
@@ -227,12 +254,15 @@ func (e UnauthorizedCode) Valid() bool {
 
 // Defines values for UnavailableCode.
 const (
+	UnavailableCodeOverloaded  UnavailableCode = "overloaded"
 	UnavailableCodeUnavailable UnavailableCode = "unavailable"
 )
 
 // Valid indicates whether the value is a known member of the UnavailableCode enum.
 func (e UnavailableCode) Valid() bool {
 	switch e {
+	case UnavailableCodeOverloaded:
+		return true
 	case UnavailableCodeUnavailable:
 		return true
 	default:
@@ -294,6 +324,21 @@ func (e Check403JSONResponseBodyCode) Valid() bool {
 	}
 }
 
+// Defines values for Check408JSONResponseBodyCode.
+const (
+	Check408JSONResponseBodyCodeBodyTimeout Check408JSONResponseBodyCode = "body_timeout"
+)
+
+// Valid indicates whether the value is a known member of the Check408JSONResponseBodyCode enum.
+func (e Check408JSONResponseBodyCode) Valid() bool {
+	switch e {
+	case Check408JSONResponseBodyCodeBodyTimeout:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for Check413JSONResponseBodyCode.
 const (
 	Check413JSONResponseBodyCodeBatchTooLarge Check413JSONResponseBodyCode = "batch_too_large"
@@ -329,12 +374,15 @@ func (e Check500JSONResponseBodyCode) Valid() bool {
 
 // Defines values for Check503JSONResponseBodyCode.
 const (
+	Check503JSONResponseBodyCodeOverloaded  Check503JSONResponseBodyCode = "overloaded"
 	Check503JSONResponseBodyCodeUnavailable Check503JSONResponseBodyCode = "unavailable"
 )
 
 // Valid indicates whether the value is a known member of the Check503JSONResponseBodyCode enum.
 func (e Check503JSONResponseBodyCode) Valid() bool {
 	switch e {
+	case Check503JSONResponseBodyCodeOverloaded:
+		return true
 	case Check503JSONResponseBodyCodeUnavailable:
 		return true
 	default:
@@ -396,6 +444,21 @@ func (e CheckBatch403JSONResponseBodyCode) Valid() bool {
 	}
 }
 
+// Defines values for CheckBatch408JSONResponseBodyCode.
+const (
+	CheckBatch408JSONResponseBodyCodeBodyTimeout CheckBatch408JSONResponseBodyCode = "body_timeout"
+)
+
+// Valid indicates whether the value is a known member of the CheckBatch408JSONResponseBodyCode enum.
+func (e CheckBatch408JSONResponseBodyCode) Valid() bool {
+	switch e {
+	case CheckBatch408JSONResponseBodyCodeBodyTimeout:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for CheckBatch413JSONResponseBodyCode.
 const (
 	CheckBatch413JSONResponseBodyCodeBatchTooLarge CheckBatch413JSONResponseBodyCode = "batch_too_large"
@@ -431,12 +494,15 @@ func (e CheckBatch500JSONResponseBodyCode) Valid() bool {
 
 // Defines values for CheckBatch503JSONResponseBodyCode.
 const (
+	CheckBatch503JSONResponseBodyCodeOverloaded  CheckBatch503JSONResponseBodyCode = "overloaded"
 	CheckBatch503JSONResponseBodyCodeUnavailable CheckBatch503JSONResponseBodyCode = "unavailable"
 )
 
 // Valid indicates whether the value is a known member of the CheckBatch503JSONResponseBodyCode enum.
 func (e CheckBatch503JSONResponseBodyCode) Valid() bool {
 	switch e {
+	case CheckBatch503JSONResponseBodyCodeOverloaded:
+		return true
 	case CheckBatch503JSONResponseBodyCodeUnavailable:
 		return true
 	default:
@@ -515,12 +581,15 @@ func (e ResetState500JSONResponseBodyCode) Valid() bool {
 
 // Defines values for ResetState503JSONResponseBodyCode.
 const (
+	ResetState503JSONResponseBodyCodeOverloaded  ResetState503JSONResponseBodyCode = "overloaded"
 	ResetState503JSONResponseBodyCodeUnavailable ResetState503JSONResponseBodyCode = "unavailable"
 )
 
 // Valid indicates whether the value is a known member of the ResetState503JSONResponseBodyCode enum.
 func (e ResetState503JSONResponseBodyCode) Valid() bool {
 	switch e {
+	case ResetState503JSONResponseBodyCodeOverloaded:
+		return true
 	case ResetState503JSONResponseBodyCodeUnavailable:
 		return true
 	default:
@@ -614,12 +683,15 @@ func (e GetState500JSONResponseBodyCode) Valid() bool {
 
 // Defines values for GetState503JSONResponseBodyCode.
 const (
+	GetState503JSONResponseBodyCodeOverloaded  GetState503JSONResponseBodyCode = "overloaded"
 	GetState503JSONResponseBodyCodeUnavailable GetState503JSONResponseBodyCode = "unavailable"
 )
 
 // Valid indicates whether the value is a known member of the GetState503JSONResponseBodyCode enum.
 func (e GetState503JSONResponseBodyCode) Valid() bool {
 	switch e {
+	case GetState503JSONResponseBodyCodeOverloaded:
+		return true
 	case GetState503JSONResponseBodyCodeUnavailable:
 		return true
 	default:
@@ -646,6 +718,11 @@ type BatchResult struct {
 
 // CheckError defines model for CheckError.
 type CheckError struct {
+	// Error `missing_field`, `bad_field`, `bad_payload`: the check is not
+	// valid. `internal`: PostgreSQL refused this check (the batch's
+	// other checks were decided one by one). `unavailable`: PostgreSQL
+	// became unavailable while the checks were decided one by one;
+	// this one was not decided.
 	Error struct {
 		Code CheckErrorErrorCode `json:"code"`
 
@@ -662,12 +739,12 @@ type CheckErrorErrorCode string
 // (`CheckRequest` requires them; in a batch a check without them gets
 // its own error).
 type CheckFields struct {
-	// Entity The entity, as text.
+	// Entity The entity, as text; at most 1,024 bytes (400 `bad_field`).
 	//
 	// Examples: B-007
 	Entity *string `json:"entity,omitempty"`
 
-	// EntityHex The entity's bytes in hex, for keys that are not text.
+	// EntityHex The entity's bytes in hex, for keys that are not text; at most 1,024 bytes.
 	//
 	// Examples: ff00
 	EntityHex *string `json:"entity_hex,omitempty"`
@@ -680,20 +757,24 @@ type CheckFields struct {
 	// PayloadBase64 The payload's bytes in standard base64, for `format: bytes` routes or bytes that are not JSON.
 	PayloadBase64 *[]byte `json:"payload_base64,omitempty"`
 
-	// Service The service; hashed with its route's options when the configuration has a route of this service.
+	// Service The service; hashed with its route's options when the
+	// configuration has a route of this service. At most 128 bytes of
+	// printable UTF-8: no control characters (400 `bad_field`).
+	//
 	//
 	// Examples: customer-2
 	Service *string `json:"service,omitempty"`
 }
 
-// CheckRequest One check.
+// CheckRequest One check. (The identity limits are constraints here; in a batch
+// they are each check's own error.)
 type CheckRequest struct {
-	// Entity The entity, as text.
+	// Entity The entity, as text; at most 1,024 bytes (400 `bad_field`).
 	//
 	// Examples: B-007
 	Entity *string `json:"entity,omitempty"`
 
-	// EntityHex The entity's bytes in hex, for keys that are not text.
+	// EntityHex The entity's bytes in hex, for keys that are not text; at most 1,024 bytes.
 	//
 	// Examples: ff00
 	EntityHex *string `json:"entity_hex,omitempty"`
@@ -706,7 +787,10 @@ type CheckRequest struct {
 	// PayloadBase64 The payload's bytes in standard base64, for `format: bytes` routes or bytes that are not JSON.
 	PayloadBase64 *[]byte `json:"payload_base64,omitempty"`
 
-	// Service The service; hashed with its route's options when the configuration has a route of this service.
+	// Service The service; hashed with its route's options when the
+	// configuration has a route of this service. At most 128 bytes of
+	// printable UTF-8: no control characters (400 `bad_field`).
+	//
 	//
 	// Examples: customer-2
 	Service string `json:"service"`
@@ -800,6 +884,17 @@ type BadRequest struct {
 // BadRequestCode defines model for BadRequest.Code.
 type BadRequestCode string
 
+// BodyTimeout defines model for BodyTimeout.
+type BodyTimeout struct {
+	Code BodyTimeoutCode `json:"code"`
+
+	// Message What went wrong, for people.
+	Message string `json:"message"`
+}
+
+// BodyTimeoutCode defines model for BodyTimeout.Code.
+type BodyTimeoutCode string
+
 // Forbidden defines model for Forbidden.
 type Forbidden struct {
 	Code ForbiddenCode `json:"code"`
@@ -875,6 +970,9 @@ type Check401JSONResponseBodyCode string
 // Check403JSONResponseBodyCode defines parameters for Check.
 type Check403JSONResponseBodyCode string
 
+// Check408JSONResponseBodyCode defines parameters for Check.
+type Check408JSONResponseBodyCode string
+
 // Check413JSONResponseBodyCode defines parameters for Check.
 type Check413JSONResponseBodyCode string
 
@@ -892,6 +990,9 @@ type CheckBatch401JSONResponseBodyCode string
 
 // CheckBatch403JSONResponseBodyCode defines parameters for CheckBatch.
 type CheckBatch403JSONResponseBodyCode string
+
+// CheckBatch408JSONResponseBodyCode defines parameters for CheckBatch.
+type CheckBatch408JSONResponseBodyCode string
 
 // CheckBatch413JSONResponseBodyCode defines parameters for CheckBatch.
 type CheckBatch413JSONResponseBodyCode string
@@ -1134,10 +1235,18 @@ type ClientInterface interface {
 	//
 	// The valid checks are decided in one transaction, in their order: an
 	// identity repeated in the batch compares against the check before it.
-	// A check that is not valid (a missing or invalid field, a payload
-	// that does not hash) gets its own `error` in `results` and changes
-	// nothing; the others are decided. A token must be allowed the service
-	// of every check, or the whole batch is 403 and nothing is decided.
+	// A check that is not valid (a missing or invalid field, an identity
+	// past the limits, a payload that does not hash) gets its own `error`
+	// in `results` and changes nothing; the others are decided. A token
+	// must be allowed the service of every check, or the whole batch is
+	// 403 and nothing is decided.
+	//
+	// If PostgreSQL refuses the batch's transaction for a reason that is
+	// not an outage, the checks are decided again one by one, in order,
+	// each in a transaction of its own: the check it refuses gets its own
+	// `internal` error, the others their decisions; should PostgreSQL
+	// become unavailable meanwhile, the checks not yet tried get
+	// `unavailable` (nothing decided for them).
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1148,10 +1257,18 @@ type ClientInterface interface {
 	//
 	// The valid checks are decided in one transaction, in their order: an
 	// identity repeated in the batch compares against the check before it.
-	// A check that is not valid (a missing or invalid field, a payload
-	// that does not hash) gets its own `error` in `results` and changes
-	// nothing; the others are decided. A token must be allowed the service
-	// of every check, or the whole batch is 403 and nothing is decided.
+	// A check that is not valid (a missing or invalid field, an identity
+	// past the limits, a payload that does not hash) gets its own `error`
+	// in `results` and changes nothing; the others are decided. A token
+	// must be allowed the service of every check, or the whole batch is
+	// 403 and nothing is decided.
+	//
+	// If PostgreSQL refuses the batch's transaction for a reason that is
+	// not an outage, the checks are decided again one by one, in order,
+	// each in a transaction of its own: the check it refuses gets its own
+	// `internal` error, the others their decisions; should PostgreSQL
+	// become unavailable meanwhile, the checks not yet tried get
+	// `unavailable` (nothing decided for them).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1272,10 +1389,18 @@ func (c *Client) Check(ctx context.Context, body CheckJSONRequestBody, reqEditor
 //
 // The valid checks are decided in one transaction, in their order: an
 // identity repeated in the batch compares against the check before it.
-// A check that is not valid (a missing or invalid field, a payload
-// that does not hash) gets its own `error` in `results` and changes
-// nothing; the others are decided. A token must be allowed the service
-// of every check, or the whole batch is 403 and nothing is decided.
+// A check that is not valid (a missing or invalid field, an identity
+// past the limits, a payload that does not hash) gets its own `error`
+// in `results` and changes nothing; the others are decided. A token
+// must be allowed the service of every check, or the whole batch is
+// 403 and nothing is decided.
+//
+// If PostgreSQL refuses the batch's transaction for a reason that is
+// not an outage, the checks are decided again one by one, in order,
+// each in a transaction of its own: the check it refuses gets its own
+// `internal` error, the others their decisions; should PostgreSQL
+// become unavailable meanwhile, the checks not yet tried get
+// `unavailable` (nothing decided for them).
 //
 // Takes any type of body and a specified content type.
 //
@@ -1296,10 +1421,18 @@ func (c *Client) CheckBatchWithBody(ctx context.Context, contentType string, bod
 //
 // The valid checks are decided in one transaction, in their order: an
 // identity repeated in the batch compares against the check before it.
-// A check that is not valid (a missing or invalid field, a payload
-// that does not hash) gets its own `error` in `results` and changes
-// nothing; the others are decided. A token must be allowed the service
-// of every check, or the whole batch is 403 and nothing is decided.
+// A check that is not valid (a missing or invalid field, an identity
+// past the limits, a payload that does not hash) gets its own `error`
+// in `results` and changes nothing; the others are decided. A token
+// must be allowed the service of every check, or the whole batch is
+// 403 and nothing is decided.
+//
+// If PostgreSQL refuses the batch's transaction for a reason that is
+// not an outage, the checks are decided again one by one, in order,
+// each in a transaction of its own: the check it refuses gets its own
+// `internal` error, the others their decisions; should PostgreSQL
+// become unavailable meanwhile, the checks not yet tried get
+// `unavailable` (nothing decided for them).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1783,10 +1916,18 @@ type ClientWithResponsesInterface interface {
 	//
 	// The valid checks are decided in one transaction, in their order: an
 	// identity repeated in the batch compares against the check before it.
-	// A check that is not valid (a missing or invalid field, a payload
-	// that does not hash) gets its own `error` in `results` and changes
-	// nothing; the others are decided. A token must be allowed the service
-	// of every check, or the whole batch is 403 and nothing is decided.
+	// A check that is not valid (a missing or invalid field, an identity
+	// past the limits, a payload that does not hash) gets its own `error`
+	// in `results` and changes nothing; the others are decided. A token
+	// must be allowed the service of every check, or the whole batch is
+	// 403 and nothing is decided.
+	//
+	// If PostgreSQL refuses the batch's transaction for a reason that is
+	// not an outage, the checks are decided again one by one, in order,
+	// each in a transaction of its own: the check it refuses gets its own
+	// `internal` error, the others their decisions; should PostgreSQL
+	// become unavailable meanwhile, the checks not yet tried get
+	// `unavailable` (nothing decided for them).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -1797,10 +1938,18 @@ type ClientWithResponsesInterface interface {
 	//
 	// The valid checks are decided in one transaction, in their order: an
 	// identity repeated in the batch compares against the check before it.
-	// A check that is not valid (a missing or invalid field, a payload
-	// that does not hash) gets its own `error` in `results` and changes
-	// nothing; the others are decided. A token must be allowed the service
-	// of every check, or the whole batch is 403 and nothing is decided.
+	// A check that is not valid (a missing or invalid field, an identity
+	// past the limits, a payload that does not hash) gets its own `error`
+	// in `results` and changes nothing; the others are decided. A token
+	// must be allowed the service of every check, or the whole batch is
+	// 403 and nothing is decided.
+	//
+	// If PostgreSQL refuses the batch's transaction for a reason that is
+	// not an outage, the checks are decided again one by one, in order,
+	// each in a transaction of its own: the check it refuses gets its own
+	// `internal` error, the others their decisions; should PostgreSQL
+	// become unavailable meanwhile, the checks not yet tried get
+	// `unavailable` (nothing decided for them).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -1955,6 +2104,8 @@ type CheckResponse struct {
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
 	JSON403 *Forbidden
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *BodyTimeout
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *TooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -1985,6 +2136,11 @@ func (r CheckResponse) GetJSON401() *Unauthorized {
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
 func (r CheckResponse) GetJSON403() *Forbidden {
 	return r.JSON403
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r CheckResponse) GetJSON408() *BodyTimeout {
+	return r.JSON408
 }
 
 // GetJSON413 returns the response for an HTTP 413 `application/json` response
@@ -2052,6 +2208,8 @@ type CheckBatchResponse struct {
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
 	JSON403 *Forbidden
+	// JSON408 the response for an HTTP 408 `application/json` response
+	JSON408 *BodyTimeout
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *TooLarge
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -2082,6 +2240,11 @@ func (r CheckBatchResponse) GetJSON401() *Unauthorized {
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
 func (r CheckBatchResponse) GetJSON403() *Forbidden {
 	return r.JSON403
+}
+
+// GetJSON408 returns the response for an HTTP 408 `application/json` response
+func (r CheckBatchResponse) GetJSON408() *BodyTimeout {
+	return r.JSON408
 }
 
 // GetJSON413 returns the response for an HTTP 413 `application/json` response
@@ -2437,10 +2600,18 @@ func (c *ClientWithResponses) CheckWithResponse(ctx context.Context, body CheckJ
 //
 // The valid checks are decided in one transaction, in their order: an
 // identity repeated in the batch compares against the check before it.
-// A check that is not valid (a missing or invalid field, a payload
-// that does not hash) gets its own `error` in `results` and changes
-// nothing; the others are decided. A token must be allowed the service
-// of every check, or the whole batch is 403 and nothing is decided.
+// A check that is not valid (a missing or invalid field, an identity
+// past the limits, a payload that does not hash) gets its own `error`
+// in `results` and changes nothing; the others are decided. A token
+// must be allowed the service of every check, or the whole batch is
+// 403 and nothing is decided.
+//
+// If PostgreSQL refuses the batch's transaction for a reason that is
+// not an outage, the checks are decided again one by one, in order,
+// each in a transaction of its own: the check it refuses gets its own
+// `internal` error, the others their decisions; should PostgreSQL
+// become unavailable meanwhile, the checks not yet tried get
+// `unavailable` (nothing decided for them).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -2457,10 +2628,18 @@ func (c *ClientWithResponses) CheckBatchWithBodyWithResponse(ctx context.Context
 //
 // The valid checks are decided in one transaction, in their order: an
 // identity repeated in the batch compares against the check before it.
-// A check that is not valid (a missing or invalid field, a payload
-// that does not hash) gets its own `error` in `results` and changes
-// nothing; the others are decided. A token must be allowed the service
-// of every check, or the whole batch is 403 and nothing is decided.
+// A check that is not valid (a missing or invalid field, an identity
+// past the limits, a payload that does not hash) gets its own `error`
+// in `results` and changes nothing; the others are decided. A token
+// must be allowed the service of every check, or the whole batch is
+// 403 and nothing is decided.
+//
+// If PostgreSQL refuses the batch's transaction for a reason that is
+// not an outage, the checks are decided again one by one, in order,
+// each in a transaction of its own: the check it refuses gets its own
+// `internal` error, the others their decisions; should PostgreSQL
+// become unavailable meanwhile, the checks not yet tried get
+// `unavailable` (nothing decided for them).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
@@ -2605,6 +2784,13 @@ func ParseCheckResponse(rsp *http.Response) (*CheckResponse, error) {
 		}
 		response.JSON403 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest BodyTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest TooLarge
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -2695,6 +2881,13 @@ func ParseCheckBatchResponse(rsp *http.Response) (*CheckBatchResponse, error) {
 			return nil, err
 		}
 		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 408:
+		var dest BodyTimeout
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON408 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest TooLarge

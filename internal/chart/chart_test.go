@@ -24,7 +24,7 @@ func TestCIValues(t *testing.T) {
 	want := map[string][]string{
 		"minimal-values.yaml":     {"ConfigMap/dam-test", "Deployment/dam-test", "PodDisruptionBudget/dam-test", "Service/dam-test", "ServiceAccount/dam-test"},
 		"env-secrets-values.yaml": {"ConfigMap/dam-test", "Deployment/dam-test", "Service/dam-test", "ServiceAccount/dam-test"},
-		"full-values.yaml": {"ConfigMap/dam-test", "ConfigMap/dam-test-dashboard", "Deployment/dam-test", "PodDisruptionBudget/dam-test",
+		"full-values.yaml": {"ConfigMap/dam-test", "ConfigMap/dam-test-dashboard", "Deployment/dam-test", "NetworkPolicy/dam-test", "PodDisruptionBudget/dam-test",
 			"PrometheusRule/dam-test", "Service/dam-test", "ServiceAccount/dam-test", "ServiceMonitor/dam-test"},
 	}
 	files := ciValues(t)

@@ -69,7 +69,16 @@ func TestMain(m *testing.M) {
 	pgtest.Main(m)
 }
 
-func buildDam(dir string) (string, error) {
+// buildDam builds the suite's dam: with the damtest tag, which compiles
+// in the test hooks (DAM_TEST_PAUSE_AT) that the chaos rows use.
+func buildDam(dir string) (string, error) { return buildDamTags(dir, testTags) }
+
+// testTags are the build tags of the suite's dam binary.
+const testTags = "damtest"
+
+// buildDamTags builds ./cmd/dam into dir with the build tags (comma
+// separated, "" for none: the production binary).
+func buildDamTags(dir, tags string) (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
 		return "", fmt.Errorf("go env GOMOD: %w", err)
@@ -79,10 +88,13 @@ func buildDam(dir string) (string, error) {
 		return "", errors.New("go env GOMOD: not inside the module")
 	}
 	bin := filepath.Join(dir, "dam")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/dam")
+	if tags != "" {
+		bin += "-" + strings.ReplaceAll(tags, ",", "-")
+	}
+	cmd := exec.Command("go", "build", "-tags", tags, "-o", bin, "./cmd/dam")
 	cmd.Dir = filepath.Dir(gomod)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/dam: %v\n%s", err, out)
+		return "", fmt.Errorf("go build -tags %q ./cmd/dam: %v\n%s", tags, err, out)
 	}
 	return bin, nil
 }

@@ -111,7 +111,7 @@ func main() {
 	flag.StringVar(&o.profile, "profile", profileDir(os.Getenv("PROFILE")), "write each dam variant's CPU profile to this directory, for go tool pprof (default: bench-profiles when $PROFILE is 1, else $PROFILE)")
 	flag.Float64Var(&o.decideBest, "decide-best", 0, "records/s of the best batched Decide benchmark in the same run (make bench passes it)")
 	flag.StringVar(&o.decideBestName, "decide-best-name", "", "its variant")
-	flag.StringVar(&o.damBin, "dam", "", "dam binary (default: build ./cmd/dam)")
+	flag.StringVar(&o.damBin, "dam", "", "dam binary (default: build ./cmd/dam with -tags damtest; -profile needs that tag)")
 	flag.StringVar(&o.base, "base", os.Getenv("BASE"), "git revision of the dam-base variant (default $BASE, else the last commit that changed the dam figures of docs/performance.md)")
 	flag.Parse()
 	if o.profile != "" {
@@ -181,7 +181,7 @@ func run(o options) error {
 	if strings.Contains(o.variants, "dam") && o.damBin == "" {
 		o.damBin = filepath.Join(tmp, "dam")
 		logf("building dam")
-		build := exec.Command("go", "build", "-o", o.damBin, "./cmd/dam")
+		build := exec.Command("go", "build", "-tags", "damtest", "-o", o.damBin, "./cmd/dam") // damtest: DAM_TEST_CPUPROFILE
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			return fmt.Errorf("go build ./cmd/dam: %w", err)
@@ -238,7 +238,7 @@ func buildBase(tmp, rev string) (bin, hash string, err error) {
 	}()
 	logf("building dam at %s (dam-base)", hash[:12])
 	bin = filepath.Join(tmp, "dam-base")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/dam")
+	build := exec.Command("go", "build", "-tags", "damtest", "-o", bin, "./cmd/dam") // damtest: DAM_TEST_CPUPROFILE (older revisions have it untagged)
 	build.Dir = dir
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {

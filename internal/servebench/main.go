@@ -15,6 +15,13 @@
 // The payloads are ~500 B JSON projections over -entities identities with
 // -dup-rate repeats of the entity's previous content, so that both answers
 // (forward and duplicate) are exercised; the state is warmed first.
+//
+// -hostile runs the hostile-client run instead (hostile.go), at the size
+// of issue 19: 100 concurrent 10 MB bodies beside a well-behaved client,
+// checks with identities the store cannot hold and checks of made-up
+// services; it fails unless dam serve's peak RSS stays under 300 MB,
+// every good check is answered 200 and /metrics does not grow.
+// TestHostileClients runs it at a reduced size in make test.
 package main
 
 import (
@@ -62,6 +69,8 @@ type options struct {
 	maxConns int
 	target   float64
 	tries    int
+	hostile  bool
+	extra    string // more of the serve section
 }
 
 func main() {
@@ -76,6 +85,7 @@ func main() {
 	flag.IntVar(&o.maxConns, "max-conns", 0, "dam postgres.max_conns (0: dam's default)")
 	flag.Float64Var(&o.target, "target", 2000, "the rate that must be held (20x the seeds' 100 requests/s)")
 	flag.IntVar(&o.tries, "tries", 2, "attempts per rate; a rate is held if one attempt is")
+	flag.BoolVar(&o.hostile, "hostile", false, "instead of the load steps, the hostile-client run at full size: 100 concurrent 10 MB bodies beside good checks, bad identities and made-up services; fails if dam serve's peak RSS passes 300 MB or a good check is not answered 200")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintf(os.Stderr, "servebench: %v\n", err)
@@ -121,11 +131,27 @@ func run(o options) error {
 			return fmt.Errorf("go build ./cmd/dam: %w", err)
 		}
 	}
+	if o.hostile {
+		o.extra = hostileServeConfig
+	}
 	srv, err := startServe(o, dsn, tmp)
 	if err != nil {
 		return err
 	}
 	defer srv.stop()
+	if o.hostile {
+		logf("hostile clients: %+v", fullHostile)
+		res, err := runHostile(srv.url, srv.cmd.Process.Pid, fullHostile)
+		if err != nil {
+			return err
+		}
+		fmt.Print(res)
+		if f := res.failures(fullHostile); len(f) > 0 {
+			return fmt.Errorf("hostile clients: %s", strings.Join(f, "; "))
+		}
+		fmt.Println("hostile clients: PASS")
+		return nil
+	}
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
 	w := newWorkload(o.entities, o.dupRate)
@@ -375,7 +401,7 @@ func startServe(o options, dsn, dir string) (*server, error) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	cfg := fmt.Sprintf("postgres:\n  dsn: %q\nlog:\n  level: warn\nserve:\n  listen: %s\nroutes:\n  - service: %s\n    from: projections.%s\n    to: delivery.%s\n    ignore: [/notes]\n",
+	cfg := fmt.Sprintf("postgres:\n  dsn: %q\nlog:\n  level: warn\nserve:\n  listen: %s\n"+o.extra+"routes:\n  - service: %s\n    from: projections.%s\n    to: delivery.%s\n    ignore: [/notes]\n",
 		dsn, addr, service, service, service)
 	if o.maxConns > 0 {
 		cfg = strings.Replace(cfg, "postgres:\n", fmt.Sprintf("postgres:\n  max_conns: %d\n", o.maxConns), 1)

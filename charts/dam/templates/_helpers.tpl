@@ -41,9 +41,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
-{{/* The image reference. */}}
+{{/* The image reference: repository@digest when image.digest pins it,
+repository:tag otherwise. */}}
 {{- define "dam.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
 {{- end }}
 
 {{/* Seconds in a Go duration ("30s", "1m30s", "500ms"), as a float;

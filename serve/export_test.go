@@ -1,0 +1,13 @@
+package serve
+
+import "time"
+
+// SetIdleTimeout shortens the keep-alive idle timeout of s's HTTP server
+// (two minutes), for tests.
+func SetIdleTimeout(s *Server, d time.Duration) { s.timeouts.idle = d }
+
+// HTTPTimeouts returns the timeouts of s's HTTP server.
+func HTTPTimeouts(s *Server) (header, read, write, idle time.Duration) {
+	t := s.timeouts
+	return t.header, t.read, t.write, t.idle
+}
