@@ -89,9 +89,11 @@ func (ids *identities) decide(r *Record, now time.Time) Decision {
 	return o.Decision
 }
 
-// split returns the changed identities' indexes, those the lock found
-// (rewritten) apart from the new ones (inserted).
-func (ids *identities) split() (found, added []int) {
+// queueChanged queues upsert for the changed identities the lock found
+// and insert for the new ones, each with the arguments args makes for
+// those identities (indexes into entities).
+func (ids *identities) queueChanged(rt2 *pgx.Batch, upsert, insert string, args func(is []int) []any) {
+	var found, added []int
 	for i, c := range ids.changed {
 		switch {
 		case !c:
@@ -101,7 +103,12 @@ func (ids *identities) split() (found, added []int) {
 			added = append(added, i)
 		}
 	}
-	return found, added
+	if len(found) > 0 {
+		rt2.Queue(upsert, args(found)...)
+	}
+	if len(added) > 0 {
+		rt2.Queue(insert, args(added)...)
+	}
 }
 
 // columns returns, for the identities at is, the entity, the digest of the
@@ -169,16 +176,10 @@ func (t lastSeenTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) 
 }
 
 func (t lastSeenTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
-	found, added := ids.split()
-	for _, w := range []struct {
-		sql string
-		is  []int
-	}{{sqlWriteState, found}, {sqlInsertState, added}} {
-		if len(w.is) > 0 {
-			entities, digests, offsets := ids.columns(w.is)
-			rt2.Queue(w.sql, service, p.Topic, p.Partition, entities, digests, offsets, now)
-		}
-	}
+	ids.queueChanged(rt2, sqlWriteState, sqlInsertState, func(is []int) []any {
+		entities, digests, offsets := ids.columns(is)
+		return []any{service, p.Topic, p.Partition, entities, digests, offsets, now}
+	})
 }
 
 // Window: table window_ids.
@@ -216,19 +217,13 @@ func (t windowTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
 }
 
 func (t windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
-	found, added := ids.split()
 	// Every identity the batch forwarded or extended expires at the same
 	// time: one decision time per batch.
 	exp := now.Add(t.window)
-	for _, w := range []struct {
-		sql string
-		is  []int
-	}{{sqlWriteWindow, found}, {sqlInsertWindow, added}} {
-		if len(w.is) > 0 {
-			entities, digests, offsets := ids.columns(w.is)
-			rt2.Queue(w.sql, service, p.Topic, p.Partition, entities, digests, offsets, now, exp)
-		}
-	}
+	ids.queueChanged(rt2, sqlWriteWindow, sqlInsertWindow, func(is []int) []any {
+		entities, digests, offsets := ids.columns(is)
+		return []any{service, p.Topic, p.Partition, entities, digests, offsets, now, exp}
+	})
 	var ext [][]byte
 	for i, touched := range ids.touched {
 		if touched {
@@ -271,18 +266,12 @@ func (versionTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
 }
 
 func (versionTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
-	found, added := ids.split()
-	for _, w := range []struct {
-		sql string
-		is  []int
-	}{{sqlWriteVersion, found}, {sqlInsertVersion, added}} {
-		if len(w.is) > 0 {
-			entities, digests, offsets := ids.columns(w.is)
-			versions := make([]int64, len(w.is))
-			for k, i := range w.is {
-				versions[k] = ids.state[i].Version
-			}
-			rt2.Queue(w.sql, service, p.Topic, p.Partition, entities, versions, digests, offsets, now)
+	ids.queueChanged(rt2, sqlWriteVersion, sqlInsertVersion, func(is []int) []any {
+		entities, digests, offsets := ids.columns(is)
+		versions := make([]int64, len(is))
+		for k, i := range is {
+			versions[k] = ids.state[i].Version
 		}
-	}
+		return []any{service, p.Topic, p.Partition, entities, versions, digests, offsets, now}
+	})
 }
