@@ -16,7 +16,7 @@ import (
 // trip 2 writes. New identities are not locked in advance (no placeholder
 // rows): that cost every record of a batch an extra index probe, about a
 // quarter of the server's CPU per record; a race for a new identity is
-// detected instead. The statements of each mode's table are in rules.go.
+// detected instead. The statements of each mode's table are in tables.go.
 const (
 	sqlBegin = `BEGIN ISOLATION LEVEL READ COMMITTED`
 
@@ -120,7 +120,8 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 	// A connection left inside a transaction (after an error) is closed, not
 	// reused, by Release.
 	defer conn.Release()
-	rule := newRuleTxn(b.Rule, len(entities))
+	table := newTableTxn(b.Rule)
+	ids := newIdentities(b.Rule, entities, idx)
 
 	// Round trip 1: begin, lock progress, lock the identities that exist,
 	// read the clock.
@@ -133,7 +134,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		return row.Scan(&epoch, &next)
 	})
 	if len(entities) > 0 {
-		rule.queueLock(rt1, b.Service, entities, idx)
+		table.queueLock(rt1, b.Service, ids)
 	}
 	if b.Now.IsZero() {
 		rt1.Queue(sqlClock).QueryRow(func(row pgx.Row) error { return row.Scan(&now) })
@@ -158,8 +159,8 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 	// PostgreSQL keeps microseconds: decide with what is stored.
 	now = now.Truncate(time.Microsecond)
 
-	// Decide in memory, in offset order: the rule tracks each identity's
-	// state as the batch goes.
+	// Decide in memory, in offset order: each identity's state goes from
+	// one of its records to the next.
 	var logOffsets []int64
 	var logDecisions []int16
 	var logEntities [][]byte
@@ -167,7 +168,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		r := &b.Records[k]
 		d := Invalid
 		if !r.Invalid {
-			d = rule.decide(idx[string(r.Entity)], r, now)
+			d = ids.decide(r, now)
 		}
 		out = append(out, d)
 		switch d {
@@ -181,7 +182,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 
 	// Round trip 2: write, log, advance, commit.
 	rt2 := &pgx.Batch{}
-	rule.queueWrites(rt2, b.Service, p, entities, now)
+	table.queueWrites(rt2, b.Service, p, ids, now)
 	if !b.NoLog && b.End > b.Start { // an empty range has nothing to cover
 		if logOffsets == nil { // NOT NULL columns: empty arrays, not NULL
 			logOffsets, logDecisions, logEntities = []int64{}, []int16{}, [][]byte{}

@@ -6,6 +6,15 @@
 // forwarded for (service, entity)). That is its one job; Kafka is the
 // caller's business.
 //
+// Each rule is a pure function, Rule.Decide: an identity's stored state
+// (Stored), a record's digest and version, and the clock in; the
+// decision, its cause (Cause) and the new state out, with no SQL and no
+// I/O. Decide reads the state of a batch's identities, runs the rule on
+// every record in offset order, and writes what changed; dam explain runs
+// the same function to say why. CheckBatch's single-statement
+// compare-and-set is last-seen without refresh, held to Rule.Decide by
+// the same property test as Decide (TestRulesAgree).
+//
 // Tables (created by package migrations; unqualified, so the connection's
 // search_path selects the schema):
 //

@@ -1,49 +1,191 @@
 package dedup
 
 import (
-	"bytes"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/dam-dedup/dam/canon"
 )
 
-// The decision rules. Each mode has its own table and, per Decide
-// transaction, a ruleTxn: it queues the statement locking the batch's
-// identities that exist (round trip 1), decides each record in offset order
-// in memory, and queues the statements writing what changed (round trip 2).
-// In every table, identities the lock found are rewritten by an upsert,
-// identities it did not find are written by a plain INSERT whose unique
-// violation, if a concurrent decider created one of them meanwhile, rolls
-// the transaction back to be run again (see Decide). Existing rows are
-// locked in key order, the same in every batch, so concurrent batches do
-// not deadlock on them.
+// The decision rules (DESIGN §1), one pure function per mode: given the
+// stored state of an identity, a record and the clock, the decision, its
+// cause and the identity's new state. No SQL and no I/O: Decide runs them
+// inside its transaction (tables.go reads and writes each mode's table
+// around them), and dam explain runs the same functions to say why.
 
-// ruleTxn is one mode's part of one Decide transaction. Identities are
-// indexed as Decide's sorted entities.
-type ruleTxn interface {
-	// queueLock queues the statement that locks and reads the stored state
-	// of entities (those that exist).
-	queueLock(rt1 *pgx.Batch, service string, entities [][]byte, idx map[string]int)
-	// decide decides r, of identity i, at now, and updates the identity's
-	// state in memory.
-	decide(i int, r *Record, now time.Time) Decision
-	// queueWrites queues the statements writing the changed identities.
-	queueWrites(rt2 *pgx.Batch, service string, p Partition, entities [][]byte, now time.Time)
+// Stored is what a rule reads and writes of one identity's stored state: a
+// plain value, compared with Equal. The zero Stored is an identity without
+// state.
+type Stored struct {
+	// Found reports that the identity has a state; the other fields count
+	// only then.
+	Found bool
+	// Digest is the digest of the record last forwarded. Last-seen decides
+	// on it; window and version modes keep it without reading it.
+	Digest canon.Digest
+	// Forwarded is when the identity was last forwarded (a refresh
+	// included). Last-seen reads it only with Rule.RefreshAfter.
+	Forwarded time.Time
+	// Expires is when a window-mode id's window ends: a record of the id is
+	// a duplicate while the clock is before it. Window mode only.
+	Expires time.Time
+	// Version is the highest version forwarded. Version mode only.
+	Version int64
 }
 
-func newRuleTxn(r Rule, n int) ruleTxn {
+// Equal reports whether s and t are the same state: both without state,
+// or both with the same fields, times compared as instants (time.Time's
+// Equal: the same instant read back from PostgreSQL has another location).
+func (s Stored) Equal(t Stored) bool {
+	if !s.Found || !t.Found {
+		return s.Found == t.Found
+	}
+	return s.Digest == t.Digest && s.Forwarded.Equal(t.Forwarded) && s.Expires.Equal(t.Expires) && s.Version == t.Version
+}
+
+// Cause is the branch of a rule that decided a record: what an
+// explanation of the decision says, without comparing again.
+type Cause uint8
+
+// The causes, by mode.
+const (
+	// CauseNoState: every mode: the identity has no stored state (new, or
+	// reset or pruned since): Forward.
+	CauseNoState Cause = iota + 1
+	// CauseChanged: last-seen: the digest differs from the stored digest:
+	// Forward.
+	CauseChanged
+	// CauseUnchanged: last-seen: the digest equals the stored digest, and
+	// no refresh is due: Duplicate.
+	CauseUnchanged
+	// CauseRefreshDue: last-seen with Rule.RefreshAfter: the digest equals
+	// the stored digest, but the identity was last forwarded more than
+	// RefreshAfter before the clock (strictly): Refresh.
+	CauseRefreshDue
+	// CauseExpired: window: the id's window has ended (the clock is at or
+	// after its expiry): it reads as absent, Forward.
+	CauseExpired
+	// CauseInWindow: window: the id's window is still open: Duplicate,
+	// whatever the content; with Rule.Sliding the window restarts at the
+	// clock.
+	CauseInWindow
+	// CauseNewer: version: the version is above the stored version:
+	// Forward.
+	CauseNewer
+	// CauseSameVersion: version: the version equals the stored version:
+	// Duplicate, whatever the content.
+	CauseSameVersion
+	// CauseOlder: version: the version is below the stored version (an
+	// out-of-order update): Stale.
+	CauseOlder
+)
+
+// String returns the cause's name: "no-state", "changed", "unchanged",
+// "refresh-due", "expired", "in-window", "newer", "same-version" or
+// "older".
+func (c Cause) String() string {
+	switch c {
+	case CauseNoState:
+		return "no-state"
+	case CauseChanged:
+		return "changed"
+	case CauseUnchanged:
+		return "unchanged"
+	case CauseRefreshDue:
+		return "refresh-due"
+	case CauseExpired:
+		return "expired"
+	case CauseInWindow:
+		return "in-window"
+	case CauseNewer:
+		return "newer"
+	case CauseSameVersion:
+		return "same-version"
+	case CauseOlder:
+		return "older"
+	}
+	return "unknown"
+}
+
+// Outcome is what a rule decides for one record: the decision, its cause,
+// and the identity's state once the record is decided.
+type Outcome struct {
+	Decision Decision
+	Cause    Cause
+	// State is the identity's new state: the record's when it is
+	// forwarded (Forward or Refresh), else the stored state unchanged, but
+	// for a sliding window's new expiry.
+	State Stored
+}
+
+// Decide decides one valid record, of digest d and version v (read in
+// version mode only), against prev, its identity's stored state, at now,
+// under r's mode and settings. It is the rule, and all of it: Store.Decide
+// calls it for every record of a batch in offset order (a repeated
+// identity is decided against the state its previous record left), and
+// dam explain calls it to say why. r must be valid (Store.Decide rejects
+// an invalid rule before deciding).
+func (r Rule) Decide(prev Stored, d canon.Digest, v int64, now time.Time) Outcome {
 	switch r.Mode {
 	case Window:
-		return &windowTxn{rule: r, rows: newRows(n), expires: make([]time.Time, n), extended: make([]bool, n)}
+		return r.decideWindow(prev, d, now)
 	case Version:
-		return &versionTxn{rows: newRows(n), version: make([]int64, n), has: make([]bool, n)}
+		return decideVersion(prev, d, v, now)
 	}
-	t := &lastSeenTxn{refresh: r.RefreshAfter, rows: newRows(n), current: make([]*[]byte, n)}
-	if t.refresh > 0 {
-		t.forwarded = make([]time.Time, n)
+	return r.decideLastSeen(prev, d, now)
+}
+
+// decideLastSeen: forward iff the digest differs from the stored one or,
+// with RefreshAfter, an equal record comes more than RefreshAfter after the
+// identity's last forward.
+func (r Rule) decideLastSeen(prev Stored, d canon.Digest, now time.Time) Outcome {
+	next := Stored{Found: true, Digest: d, Forwarded: now}
+	switch {
+	case !prev.Found:
+		return Outcome{Forward, CauseNoState, next}
+	case prev.Digest != d:
+		return Outcome{Forward, CauseChanged, next}
+	case r.RefreshAfter > 0 && now.Sub(prev.Forwarded) > r.RefreshAfter:
+		return Outcome{Refresh, CauseRefreshDue, next}
 	}
-	return t
+	return Outcome{Duplicate, CauseUnchanged, prev}
+}
+
+// decideWindow: forward iff the id has no open window: absent, or now at
+// or after its expiry. A forward opens a window of r.Window; with Sliding,
+// a repeat restarts it.
+func (r Rule) decideWindow(prev Stored, d canon.Digest, now time.Time) Outcome {
+	switch {
+	case !prev.Found:
+		return Outcome{Forward, CauseNoState, Stored{Found: true, Digest: d, Forwarded: now, Expires: now.Add(r.Window)}}
+	case !now.Before(prev.Expires):
+		return Outcome{Forward, CauseExpired, Stored{Found: true, Digest: d, Forwarded: now, Expires: now.Add(r.Window)}}
+	}
+	if r.Sliding {
+		prev.Expires = now.Add(r.Window)
+	}
+	return Outcome{Duplicate, CauseInWindow, prev}
+}
+
+// decideVersion: forward iff the version is above the stored one; equal is
+// a duplicate, below is stale.
+func decideVersion(prev Stored, d canon.Digest, v int64, now time.Time) Outcome {
+	switch {
+	case !prev.Found:
+		return Outcome{Forward, CauseNoState, Stored{Found: true, Digest: d, Forwarded: now, Version: v}}
+	case v > prev.Version:
+		return Outcome{Forward, CauseNewer, Stored{Found: true, Digest: d, Forwarded: now, Version: v}}
+	case v == prev.Version:
+		return Outcome{Duplicate, CauseSameVersion, prev}
+	}
+	return Outcome{Stale, CauseOlder, prev}
+}
+
+// Stored returns what the rules read of st: its digest, when it was last
+// forwarded, its expiry and its version. st comes from Get or GetMode, so
+// it is found.
+func (st State) Stored() Stored {
+	return Stored{Found: true, Digest: st.Digest, Forwarded: st.UpdatedAt, Expires: st.ExpiresAt, Version: st.Version}
 }
 
 // validate rejects a rule that is the caller's bug.
@@ -61,277 +203,4 @@ func (r Rule) validate() error {
 		return fmt.Errorf("%w: refresh_after is only for last-seen mode, not %v", ErrInvalid, r.Mode)
 	}
 	return nil
-}
-
-// rows is what every rule keeps per identity: whether the lock found a row,
-// whether the batch changed it, and the digest and offset of the record
-// that did.
-type rows struct {
-	found, changed []bool
-	digests        [][]byte
-	offsets        []int64
-}
-
-func newRows(n int) rows {
-	return rows{found: make([]bool, n), changed: make([]bool, n), digests: make([][]byte, n), offsets: make([]int64, n)}
-}
-
-// set records that r changed identity i.
-func (rs *rows) set(i int, r *Record) {
-	rs.changed[i] = true
-	rs.digests[i] = r.Digest[:]
-	rs.offsets[i] = r.Offset
-}
-
-// split returns the changed identities' indexes, those the lock found
-// (rewritten) apart from the new ones (inserted).
-func (rs *rows) split() (found, added []int) {
-	for i, c := range rs.changed {
-		switch {
-		case !c:
-		case rs.found[i]:
-			found = append(found, i)
-		default:
-			added = append(added, i)
-		}
-	}
-	return found, added
-}
-
-// pick returns s's elements at the indexes is.
-func pick[T any](s []T, is []int) []T {
-	out := make([]T, len(is))
-	for k, i := range is {
-		out[k] = s[i]
-	}
-	return out
-}
-
-// Last-seen: table state.
-const (
-	sqlLockState = `SELECT entity, digest FROM state
-		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
-	// With refresh_after, also when each identity was last forwarded.
-	sqlLockStateRefresh = `SELECT entity, digest, updated_at FROM state
-		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
-
-	// An upsert keeps the statement correct even for a row that a NULL
-	// digest marks absent.
-	sqlWriteState = `INSERT INTO state AS s (service, entity, digest, updated_at, src_topic, src_partition, src_offset)
-		SELECT $1, e, d, $7, $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(e, d, o)
-		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = EXCLUDED.updated_at,
-			src_topic = EXCLUDED.src_topic, src_partition = EXCLUDED.src_partition, src_offset = EXCLUDED.src_offset`
-
-	sqlInsertState = `INSERT INTO state (service, entity, digest, updated_at, src_topic, src_partition, src_offset)
-		SELECT $1, e, d, $7, $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(e, d, o) ORDER BY e`
-)
-
-// lastSeenTxn decides by content: forward iff the digest differs from the
-// stored one or, with refresh, when the identity was last forwarded more
-// than refresh ago.
-type lastSeenTxn struct {
-	refresh time.Duration
-	rows
-	current   []*[]byte   // stored digest, nil if absent
-	forwarded []time.Time // when last forwarded; only with refresh
-}
-
-func (t *lastSeenTxn) queueLock(rt1 *pgx.Batch, service string, entities [][]byte, idx map[string]int) {
-	sql := sqlLockState
-	if t.refresh > 0 {
-		sql = sqlLockStateRefresh
-	}
-	rt1.Queue(sql, service, entities).Query(func(rs pgx.Rows) error {
-		var e, d []byte
-		var at time.Time
-		dest := []any{&e, &d}
-		if t.refresh > 0 {
-			dest = append(dest, &at)
-		}
-		_, err := pgx.ForEachRow(rs, dest, func() error {
-			if i, ok := idx[string(e)]; ok {
-				t.found[i] = true
-				if d != nil {
-					dd := bytes.Clone(d)
-					t.current[i] = &dd
-				}
-				if t.refresh > 0 {
-					t.forwarded[i] = at
-				}
-			}
-			return nil
-		})
-		return err
-	})
-}
-
-func (t *lastSeenTxn) decide(i int, r *Record, now time.Time) Decision {
-	d := Forward
-	if cur := t.current[i]; cur != nil && bytes.Equal(*cur, r.Digest[:]) {
-		if t.refresh <= 0 || now.Sub(t.forwarded[i]) <= t.refresh {
-			return Duplicate
-		}
-		d = Refresh
-	}
-	dd := r.Digest[:]
-	t.current[i] = &dd
-	t.set(i, r)
-	if t.refresh > 0 {
-		t.forwarded[i] = now
-	}
-	return d
-}
-
-func (t *lastSeenTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, entities [][]byte, now time.Time) {
-	found, added := t.split()
-	for _, w := range []struct {
-		sql string
-		is  []int
-	}{{sqlWriteState, found}, {sqlInsertState, added}} {
-		if len(w.is) > 0 {
-			rt2.Queue(w.sql, service, p.Topic, p.Partition, pick(entities, w.is), pick(t.digests, w.is), pick(t.offsets, w.is), now)
-		}
-	}
-}
-
-// Window: table window_ids.
-const (
-	sqlLockWindow = `SELECT id, expires_at FROM window_ids
-		WHERE service = $1 AND id = ANY($2::bytea[]) ORDER BY id FOR UPDATE`
-
-	// A found row had expired: the id is forwarded afresh.
-	sqlWriteWindow = `INSERT INTO window_ids AS w (service, id, expires_at, forwarded_at, digest, src_topic, src_partition, src_offset)
-		SELECT $1, i, $8, $7, d, $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(i, d, o)
-		ON CONFLICT (service, id) DO UPDATE SET expires_at = EXCLUDED.expires_at, forwarded_at = EXCLUDED.forwarded_at,
-			digest = EXCLUDED.digest, src_topic = EXCLUDED.src_topic, src_partition = EXCLUDED.src_partition,
-			src_offset = EXCLUDED.src_offset`
-
-	sqlInsertWindow = `INSERT INTO window_ids (service, id, expires_at, forwarded_at, digest, src_topic, src_partition, src_offset)
-		SELECT $1, i, $8, $7, d, $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(i, d, o) ORDER BY i`
-
-	// Sliding: the repeated ids' windows restart now.
-	sqlExtendWindow = `UPDATE window_ids SET expires_at = $3 WHERE service = $1 AND id = ANY($2::bytea[])`
-)
-
-// windowTxn decides by message id: forward iff the id is absent or its
-// window has expired (now >= its expiry).
-type windowTxn struct {
-	rule Rule
-	rows
-	expires  []time.Time // zero if absent
-	extended []bool      // a sliding duplicate moved the expiry of a row the batch did not forward
-}
-
-func (t *windowTxn) queueLock(rt1 *pgx.Batch, service string, entities [][]byte, idx map[string]int) {
-	rt1.Queue(sqlLockWindow, service, entities).Query(func(rs pgx.Rows) error {
-		var id []byte
-		var exp time.Time
-		_, err := pgx.ForEachRow(rs, []any{&id, &exp}, func() error {
-			if i, ok := idx[string(id)]; ok {
-				t.found[i], t.expires[i] = true, exp
-			}
-			return nil
-		})
-		return err
-	})
-}
-
-func (t *windowTxn) decide(i int, r *Record, now time.Time) Decision {
-	if !t.expires[i].IsZero() && now.Before(t.expires[i]) {
-		if t.rule.Sliding {
-			t.expires[i] = now.Add(t.rule.Window)
-			t.extended[i] = !t.changed[i]
-		}
-		return Duplicate
-	}
-	t.expires[i] = now.Add(t.rule.Window)
-	t.extended[i] = false
-	t.set(i, r)
-	return Forward
-}
-
-func (t *windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, entities [][]byte, now time.Time) {
-	found, added := t.split()
-	// Every identity the batch forwarded or extended expires at the same
-	// time: one decision time per batch.
-	exp := now.Add(t.rule.Window)
-	for _, w := range []struct {
-		sql string
-		is  []int
-	}{{sqlWriteWindow, found}, {sqlInsertWindow, added}} {
-		if len(w.is) > 0 {
-			rt2.Queue(w.sql, service, p.Topic, p.Partition, pick(entities, w.is), pick(t.digests, w.is), pick(t.offsets, w.is), now, exp)
-		}
-	}
-	var ext [][]byte
-	for i, e := range t.extended {
-		if e {
-			ext = append(ext, entities[i])
-		}
-	}
-	if len(ext) > 0 {
-		rt2.Queue(sqlExtendWindow, service, ext, exp)
-	}
-}
-
-// Version: table versions.
-const (
-	sqlLockVersion = `SELECT entity, version FROM versions
-		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
-
-	sqlWriteVersion = `INSERT INTO versions AS v (service, entity, version, digest, updated_at, src_topic, src_partition, src_offset)
-		SELECT $1, e, n, d, $8, $2, $3, o FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[]) AS u(e, n, d, o)
-		ON CONFLICT (service, entity) DO UPDATE SET version = EXCLUDED.version, digest = EXCLUDED.digest,
-			updated_at = EXCLUDED.updated_at, src_topic = EXCLUDED.src_topic, src_partition = EXCLUDED.src_partition,
-			src_offset = EXCLUDED.src_offset`
-
-	sqlInsertVersion = `INSERT INTO versions (service, entity, version, digest, updated_at, src_topic, src_partition, src_offset)
-		SELECT $1, e, n, d, $8, $2, $3, o FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[]) AS u(e, n, d, o) ORDER BY e`
-)
-
-// versionTxn decides by version: forward iff above the stored version;
-// equal is a duplicate, below is stale.
-type versionTxn struct {
-	rows
-	version []int64
-	has     []bool // a version is stored (or set by the batch)
-}
-
-func (t *versionTxn) queueLock(rt1 *pgx.Batch, service string, entities [][]byte, idx map[string]int) {
-	rt1.Queue(sqlLockVersion, service, entities).Query(func(rs pgx.Rows) error {
-		var e []byte
-		var v int64
-		_, err := pgx.ForEachRow(rs, []any{&e, &v}, func() error {
-			if i, ok := idx[string(e)]; ok {
-				t.found[i], t.has[i], t.version[i] = true, true, v
-			}
-			return nil
-		})
-		return err
-	})
-}
-
-func (t *versionTxn) decide(i int, r *Record, _ time.Time) Decision {
-	switch {
-	case t.has[i] && r.Version == t.version[i]:
-		return Duplicate
-	case t.has[i] && r.Version < t.version[i]:
-		return Stale
-	}
-	t.has[i], t.version[i] = true, r.Version
-	t.set(i, r)
-	return Forward
-}
-
-func (t *versionTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, entities [][]byte, now time.Time) {
-	found, added := t.split()
-	for _, w := range []struct {
-		sql string
-		is  []int
-	}{{sqlWriteVersion, found}, {sqlInsertVersion, added}} {
-		if len(w.is) > 0 {
-			rt2.Queue(w.sql, service, p.Topic, p.Partition, pick(entities, w.is), pick(t.version, w.is),
-				pick(t.digests, w.is), pick(t.offsets, w.is), now)
-		}
-	}
 }

@@ -38,8 +38,12 @@ func headerEntity(name string) entityFunc {
 }
 
 // Route is one configured route compiled as the sidecar runs it, for tools
-// that must see a record the way the sidecar decides it (dam explain).
-type Route struct{ rt *route }
+// that must see a record the way the sidecar decides it (dam explain: it
+// satisfies explain.Route).
+type Route struct {
+	rt *route
+	rc config.Route
+}
 
 // CompileRoute compiles rc, which must come from a validated configuration
 // (config.Load or Config.Validate parse its entity).
@@ -48,8 +52,11 @@ func CompileRoute(rc config.Route) (*Route, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Route{rt: rt}, nil
+	return &Route{rt: rt, rc: rc}, nil
 }
+
+// Config returns the configuration the route was compiled from.
+func (r *Route) Config() config.Route { return r.rc }
 
 // Identify returns a record's identity (its entity, or in window mode its
 // message id), its version (version mode) and its digest as the route

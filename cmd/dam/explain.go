@@ -1,13 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,6 +18,7 @@ import (
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/explain"
 	"github.com/dam-dedup/dam/pipeline"
 )
 
@@ -95,6 +96,17 @@ says which.`,
 			if err != nil {
 				return err
 			}
+			// By offset, the route reading the topic; else the service's, if
+			// any (without one, explained as dam serve's checks decide).
+			route, err := compiledRoute(cfg, func(r config.Route) bool {
+				return byOffset && r.From == topic || !byOffset && r.Service == args[0]
+			})
+			if err != nil {
+				return err
+			}
+			if byOffset && route == nil {
+				return usagef("no route of the configuration reads topic %q", topic)
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
 			store, err := dedup.Open(ctx, cfg.Postgres.DSN, dedup.Config{MaxConns: 2, ApplicationName: "dam-explain"})
@@ -105,44 +117,53 @@ says which.`,
 			if err := store.Ping(ctx); err != nil {
 				return fmt.Errorf("postgres %s: %w", config.RedactDSN(cfg.Postgres.DSN), err)
 			}
-			kr, err := newKafkaReader(cfg.Kafka)
+			kopts, err := pipeline.KafkaOptions(cfg.Kafka)
 			if err != nil {
-				return err
+				return usageError{err}
 			}
-			defer kr.Close()
-			ex := &explainer{cfg: cfg, store: store, kafka: kr, lookback: lookback}
+			kc, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Kafka.Brokers...), kgo.ClientID(cfg.Kafka.ClientID + "-explain")}, kopts...)...)
+			if err != nil {
+				return fmt.Errorf("kafka: %w", err)
+			}
+			defer kc.Close()
+			ex := explain.New(store, kc, cfg.Kafka.Group, explain.WithLookback(lookback))
 			out := cmd.OutOrStdout()
 			if byOffset {
-				res, err := ex.offset(ctx, topic, partition, offset)
+				res, err := ex.Offset(ctx, route, partition, offset)
 				if err != nil {
 					return err
 				}
 				if asJSON {
 					return writeJSON(out, res)
 				}
-				return res.print(out)
+				return printOffset(out, res)
 			}
-			entity := []byte(args[1])
+			q := explain.Query{Service: args[0], Entity: []byte(args[1]), Headers: hdrs}
+			if route != nil {
+				q.Route = route
+			}
 			if isHex {
-				if entity, err = hex.DecodeString(args[1]); err != nil {
+				if q.Entity, err = hex.DecodeString(args[1]); err != nil {
 					return usagef("entity %q: not hex: %v", args[1], err)
 				}
 			}
-			var payload []byte
-			hasPayload := len(args) == 3
-			if hasPayload {
-				if payload, err = readPayload(cmd, args[2], ex.hasher(args[0])); err != nil {
+			if len(args) == 3 {
+				if q.Value, err = readPayload(cmd, args[2], route); err != nil {
 					return err
 				}
+				q.HasValue = true
 			}
-			res, err := ex.payload(ctx, args[0], entity, payload, hasPayload, hdrs)
+			res, err := ex.Payload(ctx, q)
+			if errors.Is(err, explain.ErrUnknownService) || errors.Is(err, explain.ErrOtherIdentity) {
+				return usageError{err}
+			}
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				return writeJSON(out, res)
 			}
-			return res.print(out)
+			return printPayload(out, res)
 		},
 	}
 	fl := cmd.Flags()
@@ -156,6 +177,25 @@ says which.`,
 	fl.DurationVar(&timeout, "timeout", 30*time.Second, "give up after this long")
 	addOutputFlag(cmd)
 	return cmd
+}
+
+// compiledRoute compiles the route of cfg that match selects (the last,
+// if several), as the sidecar runs it; nil when none does.
+func compiledRoute(cfg config.Config, match func(config.Route) bool) (*pipeline.Route, error) {
+	var rc *config.Route
+	for i := range cfg.Routes {
+		if match(cfg.Routes[i]) {
+			rc = &cfg.Routes[i]
+		}
+	}
+	if rc == nil {
+		return nil, nil
+	}
+	r, err := pipeline.CompileRoute(*rc)
+	if err != nil {
+		return nil, fmt.Errorf("route %s: %w", rc.Service, err)
+	}
+	return r, nil
 }
 
 // parseHeaders parses --header NAME=VALUE flags.
@@ -172,8 +212,12 @@ func parseHeaders(flags []string) ([]kgo.RecordHeader, error) {
 }
 
 // readPayload reads PAYLOAD_FILE or stdin ("-"), up to one byte past the
-// hasher's size limit (so that a larger value is reported as too large).
-func readPayload(cmd *cobra.Command, name string, h routeHasher) ([]byte, error) {
+// route's size limit (so that a larger value is reported as too large).
+func readPayload(cmd *cobra.Command, name string, route *pipeline.Route) ([]byte, error) {
+	limit := canon.DefaultMaxSize
+	if route != nil {
+		limit = route.Config().MaxSize
+	}
 	in := cmd.InOrStdin()
 	if name != "-" {
 		f, err := os.Open(name)
@@ -183,7 +227,7 @@ func readPayload(cmd *cobra.Command, name string, h routeHasher) ([]byte, error)
 		defer f.Close()
 		in = f
 	}
-	b, err := io.ReadAll(io.LimitReader(in, int64(h.maxSize)+1))
+	b, err := io.ReadAll(io.LimitReader(in, int64(limit)+1))
 	if err != nil {
 		return nil, err
 	}
@@ -193,392 +237,64 @@ func readPayload(cmd *cobra.Command, name string, h routeHasher) ([]byte, error)
 	return b, nil
 }
 
-// explainer answers dam explain from the configuration, the store and
-// Kafka.
-type explainer struct {
-	cfg      config.Config
-	store    *dedup.Store
-	kafka    *kafkaReader
-	lookback int64
-}
-
-// routeHasher is a service's hashing: its route's options or the
-// defaults.
-type routeHasher struct {
-	*canon.Hasher
-	route   *config.Route // nil: no route, canon's defaults
-	maxSize int
-}
-
-func (r routeHasher) describe() string {
-	if r.route == nil {
-		return "canon's defaults (no route of this service in the configuration)"
-	}
-	s := fmt.Sprintf("route %s (from %s): format %s", r.route.Service, r.route.From, r.route.Format)
-	if len(r.route.Ignore) > 0 {
-		s += ", ignore " + strings.Join(r.route.Ignore, " ")
-	}
-	return s + fmt.Sprintf(", max_depth %d, max_size %d", r.route.MaxDepth, r.route.MaxSize)
-}
-
-// hasher returns service's hashing (routes are validated by Load, so the
-// options are valid).
-func (ex *explainer) hasher(service string) routeHasher {
-	for i := range ex.cfg.Routes {
-		r := &ex.cfg.Routes[i]
-		if r.Service != service {
-			continue
-		}
-		f, _ := canon.ParseFormat(r.Format)
-		h, err := canon.New(canon.WithFormat(f), canon.WithIgnore(r.Ignore...), canon.WithMaxDepth(r.MaxDepth), canon.WithMaxSize(r.MaxSize))
-		if err != nil {
-			panic(fmt.Sprintf("route %s validated but its hasher fails: %v", r.Service, err))
-		}
-		return routeHasher{Hasher: h, route: r, maxSize: r.MaxSize}
-	}
-	h, _ := canon.New()
-	return routeHasher{Hasher: h, maxSize: canon.DefaultMaxSize}
-}
-
-// compile compiles a route as the sidecar runs it (identity, version and
-// digest of a record; its rule).
-func compile(r *config.Route) (*pipeline.Route, error) {
-	c, err := pipeline.CompileRoute(*r)
-	if err != nil {
-		return nil, fmt.Errorf("route %s: %w", r.Service, err)
-	}
-	return c, nil
-}
-
-// storedJSON is a stored state, in any mode's table.
-type storedJSON struct {
-	Mode      string      `json:"mode"`
-	Digest    string      `json:"digest"`
-	UpdatedAt time.Time   `json:"updated_at"` // when the identity was last forwarded
-	Source    *sourceJSON `json:"source"`     // null: set by a check (dam serve, dedup.Check)
-	// Version is the highest version forwarded (version mode).
-	Version *int64 `json:"version,omitempty"`
-	// ExpiresAt is when the id expires (window mode): it reads as absent
-	// from then on.
-	ExpiresAt *time.Time `json:"expires_at,omitempty"`
-}
-
-type sourceJSON struct {
-	Topic     string `json:"topic"`
-	Partition int32  `json:"partition"`
-	Offset    int64  `json:"offset"`
-}
-
-func (s sourceJSON) String() string { return fmt.Sprintf("%s/%d@%d", s.Topic, s.Partition, s.Offset) }
-
-// storedOf returns st as JSON, nil for nil.
-func storedOf(st *dedup.State) *storedJSON {
-	if st == nil {
-		return nil
-	}
-	out := &storedJSON{Mode: st.Mode.String(), Digest: st.Digest.String(), UpdatedAt: st.UpdatedAt.UTC()}
-	if st.Topic != "" {
-		out.Source = &sourceJSON{Topic: st.Topic, Partition: st.Partition, Offset: st.Offset}
-	}
-	switch st.Mode {
-	case dedup.Version:
-		v := st.Version
-		out.Version = &v
-	case dedup.Window:
-		e := st.ExpiresAt.UTC()
-		out.ExpiresAt = &e
-	}
-	return out
-}
-
-func (s *storedJSON) describe() string {
-	if s == nil {
-		return "none: its next valid record is forwarded (a new identity, or reset, pruned or expired since)"
-	}
-	from := "by a check (dam serve or dedup.Check)"
-	if s.Source != nil {
-		from = "from " + s.Source.String()
-	}
-	d := fmt.Sprintf("%s set %s %s", s.Digest, exact(s.UpdatedAt), from)
-	switch {
-	case s.Version != nil:
-		d = fmt.Sprintf("version %d, %s", *s.Version, d)
-	case s.ExpiresAt != nil:
-		d += ", expires " + exact(*s.ExpiresAt)
-	}
-	return d
-}
-
-func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
-
-// payloadExplanation answers `dam explain SERVICE ENTITY [PAYLOAD]`.
-type payloadExplanation struct {
-	Service string `json:"service"`
-	// Entity is the identity: the entity, or in window mode the message id.
-	Entity    string `json:"entity"`
-	EntityHex string `json:"entity_hex"`
-	Mode      string `json:"mode"` // the route's (last-seen without a route)
-	Rule      string `json:"rule"`
-	Hashing   string `json:"hashing"`
-	// Now is the database's clock, which windows and refreshes are
-	// measured on.
-	Now time.Time `json:"now"`
-	// Stored is the state in the route's mode's table; OtherMode a more
-	// recent one in another mode's table, when the service changed mode
-	// (ModeChange says so).
-	Stored     *storedJSON `json:"stored"`
-	OtherMode  *storedJSON `json:"other_mode,omitempty"`
-	ModeChange string      `json:"mode_change,omitempty"`
-	// Digest, Version, Decision and Reason answer for the payload, when one
-	// is given: Decision is forward, refresh, duplicate, stale or invalid
-	// (bad input).
-	Digest   string `json:"digest,omitempty"`
-	Version  *int64 `json:"version,omitempty"` // version mode: the payload's version
-	Decision string `json:"decision,omitempty"`
-	Reason   string `json:"reason"`
-	// Refresh (last-seen with refresh_after) and Window (window mode) are
-	// the rule's figures behind the decision.
-	Refresh    *refreshJSON `json:"refresh,omitempty"`
-	Window     *windowJSON  `json:"window,omitempty"`
-	Difference *difference  `json:"difference,omitempty"`
-	// StoredContent says what became of the stored content when it could
-	// not be compared: "no longer readable: ...".
-	StoredContent string `json:"stored_content,omitempty"`
-}
-
-func (ex *explainer) payload(ctx context.Context, service string, entity, payload []byte, hasPayload bool, headers []kgo.RecordHeader) (*payloadExplanation, error) {
-	h := ex.hasher(service)
-	var route *pipeline.Route
-	var rule dedup.Rule // without a route: last-seen, as dam serve's checks
-	if h.route == nil {
-		n, err := ex.store.Count(ctx, service)
-		if err != nil {
-			return nil, err
-		}
-		if n == 0 {
-			return nil, usagef("unknown service %q: no route of the configuration has it and no state is stored for it", service)
-		}
-	} else {
-		var err error
-		if route, err = compile(h.route); err != nil {
-			return nil, err
-		}
-		rule = route.Rule()
-	}
-	now, err := dbClock(ctx, ex.store)
-	if err != nil {
-		return nil, err
-	}
-	res := &payloadExplanation{Service: service, Entity: showEntity(entity), EntityHex: hex.EncodeToString(entity),
-		Mode: rule.Mode.String(), Rule: describeRule(h.route, rule), Hashing: h.describe(), Now: now.UTC()}
-
-	// The payload's digest, and version, as the sidecar reads them.
-	var d canon.Digest
-	var version int64
-	var bad error
-	if hasPayload {
-		if route != nil {
-			var id []byte
-			id, version, d, bad = route.Identify(payloadRecord(h.route, entity, payload, headers))
-			if bad == nil && !bytes.Equal(id, entity) {
-				return nil, usagef("the payload's identity (%s) is %q, not ENTITY %q: explain it with that identity",
-					identitySource(h.route), showEntity(id), showEntity(entity))
-			}
-		} else {
-			d, bad = h.Sum(payload)
-		}
-	}
-
-	own, other, err := ex.states(ctx, service, entity, rule.Mode)
-	if err != nil {
-		return nil, err
-	}
-	res.Stored, res.OtherMode = storedOf(own), storedOf(other)
-	res.ModeChange = modeChange(rule.Mode, own, other, h.route != nil)
-	storedValue, unreadable := ex.storedContent(ctx, h, res.Stored)
-
-	if !hasPayload {
-		res.Reason = "no payload given: " + ex.withoutPayload(rule, own, now, res)
-		if storedValue != nil {
-			res.Reason += "; the stored content is readable at its source offset"
-		} else if own != nil && unreadable != "" {
-			res.StoredContent = unreadable
-		}
-		return res, nil
-	}
-	if bad != nil {
-		res.Decision = dedup.Invalid.String()
-		res.Reason = "the payload is bad input: " + hashError(bad)
-		if rule.Mode == dedup.Version && h.route.VersionSource().Kind == config.EntityHeader && !hasHeader(headers, h.route.VersionSource().Header) {
-			res.Reason += fmt.Sprintf(" (the version is read from a header: give it with --header %s=N)", h.route.VersionSource().Header)
-		}
-		if h.route != nil {
-			res.Reason += "; " + badInputDest(h.route, true)
-		}
-		return res, nil
-	}
-	res.Digest = d.String()
-	if rule.Mode == dedup.Version {
-		res.Version = &version
-	}
-	v := judge(rule, own, d, version, now)
-	res.Decision, res.Reason, res.Refresh, res.Window = v.decision.String(), v.reason, v.refresh, v.window
-	if h.route != nil && h.route.Shadow && !v.decision.Forwards() {
-		res.Reason += "; the route is in shadow mode: forwarded anyway, marked dam-duplicate: true"
-	}
-	if own == nil || own.Digest == d {
-		return res, nil
-	}
-	// The content differs from the stored content (whether or not the rule
-	// looks at it): show where.
-	if unreadable != "" {
-		res.StoredContent = unreadable
-		return res, nil
-	}
-	diff, ok, err := firstDifference(h.Hasher, storedValue, payload)
-	switch {
-	case err != nil:
-		res.StoredContent = "not comparable: " + err.Error()
-	case ok:
-		res.Difference = &diff
-	default:
-		res.StoredContent = "the record at the source offset equals the payload under the current options: the route's options changed since it was stored"
-	}
-	return res, nil
-}
-
-// withoutPayload says what the rule makes of the stored state alone, and
-// fills res's rule figures.
-func (ex *explainer) withoutPayload(rule dedup.Rule, own *dedup.State, now time.Time, res *payloadExplanation) string {
-	switch {
-	case rule.Mode == dedup.Window:
-		// The content does not count: a record with this id is decided now
-		// as any other would be.
-		v := judge(rule, own, canon.Digest{}, 0, now)
-		res.Window = v.window
-		return fmt.Sprintf("a record with this id would be %s now: %s", wouldBe(v.decision), v.reason)
-	case own == nil:
-		return "no stored state for this identity: its next valid record is forwarded"
-	case rule.Mode == dedup.Version:
-		return fmt.Sprintf("a record of this entity is forwarded iff its version is above %d (equal: a duplicate, lower: stale)", own.Version)
-	case rule.RefreshAfter > 0:
-		res.Refresh = refreshOf(rule, own.UpdatedAt, now)
-		if res.Refresh.Refreshed {
-			return fmt.Sprintf("a record equal to the stored content would be refreshed (forwarded) now: last forwarded at %s, longer ago than refresh_after %s",
-				exact(own.UpdatedAt), rule.RefreshAfter)
-		}
-		return fmt.Sprintf("the stored state only; a record equal to the stored content is refreshed once decided after %s (refresh_after %s)",
-			exact(res.Refresh.DueAfter), rule.RefreshAfter)
-	}
-	return "the stored state only"
-}
-
-// payloadRecord is the record the sidecar would read for a payload of
-// identity entity: entity as its key and, when the route reads its
-// identity from a header the caller did not give, in that header.
-func payloadRecord(r *config.Route, entity, payload []byte, headers []kgo.RecordHeader) *kgo.Record {
-	rec := &kgo.Record{Key: entity, Value: payload, Headers: headers}
-	src := r.EntitySource()
-	if r.Mode == config.ModeWindow {
-		src = r.IDSource()
-	}
-	if src.Kind == config.EntityHeader && !hasHeader(headers, src.Header) {
-		rec.Headers = append(rec.Headers[:len(rec.Headers):len(rec.Headers)], kgo.RecordHeader{Key: src.Header, Value: entity})
-	}
-	return rec
-}
-
-// identitySource names where a route reads identities.
-func identitySource(r *config.Route) string {
-	if r.Mode == config.ModeWindow {
-		return "id_from " + r.IDFrom
-	}
-	return "entity " + r.Entity
-}
-
-func hasHeader(hs []kgo.RecordHeader, name string) bool {
-	for _, h := range hs {
-		if h.Key == name {
-			return true
-		}
-	}
-	return false
-}
-
-// kafkaTimeout bounds reading the stored content back from Kafka.
-const kafkaTimeout = 10 * time.Second
-
-// storedContent reads the value that set the stored digest back from
-// Kafka; without it, it says why ("no longer readable: ...").
-func (ex *explainer) storedContent(ctx context.Context, h routeHasher, st *storedJSON) ([]byte, string) {
-	if st == nil {
-		return nil, ""
-	}
-	if st.Source == nil {
-		return nil, "stored content no longer readable: it was set by a check (dam serve or dedup.Check), which keeps only its digest"
-	}
-	// Kafka is only needed for the difference: do not spend the whole
-	// --timeout on it when the brokers do not answer.
-	ctx, cancel := context.WithTimeout(ctx, kafkaTimeout)
-	defer cancel()
-	b, err := ex.kafka.bounds(ctx, "", st.Source.Topic, st.Source.Partition)
-	if err != nil {
-		return nil, "stored content no longer readable: " + err.Error()
-	}
-	rec, err := ex.kafka.readOne(ctx, st.Source.Topic, st.Source.Partition, st.Source.Offset, b)
-	if err != nil {
-		return nil, "stored content no longer readable: " + err.Error()
-	}
-	if d, err := h.Sum(rec.Value); err != nil || d.String() != st.Digest {
-		return nil, fmt.Sprintf("stored content no longer readable: the record at %s does not hash to the stored digest under the current options (the route's options changed, or the input was rewritten)", st.Source)
-	}
-	if rec.Value == nil {
-		return nil, "" // a tombstone: nil is its content
-	}
-	return rec.Value, ""
-}
-
-func hashError(err error) string {
-	var ce *canon.Error
-	if errors.As(err, &ce) {
-		return fmt.Sprintf("invalid JSON at byte %d: %s", ce.Offset, ce.Reason())
-	}
-	return err.Error()
-}
-
-func (r *payloadExplanation) print(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "service\t%s\n", r.Service)
-	if r.Mode == dedup.Window.String() {
-		fmt.Fprintf(tw, "id\t%s\n", r.Entity)
-	} else {
-		fmt.Fprintf(tw, "entity\t%s\n", r.Entity)
-	}
-	fmt.Fprintf(tw, "mode\t%s\n", r.Rule)
-	fmt.Fprintf(tw, "hashing\t%s\n", r.Hashing)
+func printPayload(w io.Writer, r *explain.PayloadExplanation) error {
+	var now, version, diff string
 	if r.Window != nil || r.Refresh != nil {
-		fmt.Fprintf(tw, "now\t%s (the database's clock)\n", exact(r.Now))
-	}
-	fmt.Fprintf(tw, "stored\t%s\n", r.Stored.describe())
-	if r.ModeChange != "" {
-		fmt.Fprintf(tw, "mode change\t%s\n", r.ModeChange)
-	}
-	if r.Digest != "" {
-		fmt.Fprintf(tw, "payload\t%s\n", r.Digest)
+		now = r.Now.UTC().Format(time.RFC3339Nano) + " (the database's clock)"
 	}
 	if r.Version != nil {
-		fmt.Fprintf(tw, "version\t%d\n", *r.Version)
+		version = strconv.FormatInt(*r.Version, 10)
 	}
-	if r.Decision != "" {
-		fmt.Fprintf(tw, "decision\t%s: %s\n", r.Decision, r.Reason)
-	} else {
-		fmt.Fprintf(tw, "note\t%s\n", r.Reason)
+	decision, note := r.Decision+": "+r.Reason, "" // without a payload, a note
+	if r.Decision == "" {
+		decision, note = "", r.Reason
 	}
 	if r.Difference != nil {
-		fmt.Fprintf(tw, "difference\t%s (stored -> payload)\n", r.Difference)
+		diff = r.Difference.String() + " (stored -> payload)"
 	}
-	if r.StoredContent != "" {
-		fmt.Fprintf(tw, "difference\t%s\n", r.StoredContent)
+	return printRows(w, [][2]string{{"service", r.Service}, {identityLabel(r.Mode), r.Entity}, {"mode", r.Rule},
+		{"hashing", r.Hashing}, {"now", now}, {"stored", r.Stored.String()}, {"mode change", r.ModeChange},
+		{"payload", r.Digest}, {"version", version}, {"decision", decision}, {"note", note},
+		{"difference", diff}, {"difference", r.StoredContent}})
+}
+
+func printOffset(w io.Writer, r *explain.OffsetExplanation) error {
+	rec := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
+	if r.Timestamp != nil {
+		rec += ", " + r.Timestamp.UTC().Format(time.RFC3339)
+	}
+	var version, diff string
+	if r.Version != nil {
+		version = strconv.FormatInt(*r.Version, 10)
+	}
+	if r.Difference != nil {
+		diff = fmt.Sprintf("%s (offset %d -> %d)", r.Difference, r.DifferenceFrom, r.Offset)
+	}
+	rows := [][2]string{{"record", rec}, {"service", r.Service}, {"mode", r.Rule}, {identityLabel(r.Mode), r.Entity},
+		{"digest", r.Digest}, {"version", version}, {"decision", r.Decision}, {"why", r.Reason}, {"difference", diff}}
+	for _, e := range r.Evidence {
+		rows = append(rows, [2]string{"evidence", e})
+	}
+	return printRows(w, rows)
+}
+
+// identityLabel names an explanation's identity: an id in window mode, else
+// an entity.
+func identityLabel(mode string) string {
+	if mode == dedup.Window.String() {
+		return "id"
+	}
+	return "entity"
+}
+
+// printRows prints label and value rows in two columns, leaving out the
+// rows without a value.
+func printRows(w io.Writer, rows [][2]string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, r := range rows {
+		if r[1] != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
+		}
 	}
 	return tw.Flush()
 }

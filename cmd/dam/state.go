@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/explain"
 )
 
 func newStateCmd() *cobra.Command {
@@ -62,14 +63,6 @@ func entityArgs(cmd *cobra.Command, args []string) ([][]byte, error) {
 	return entities, nil
 }
 
-// showEntity prints a key as text when it is printable text, else as hex.
-func showEntity(e []byte) string {
-	if utf8.Valid(e) && strconv.CanBackquote(string(e)) {
-		return string(e)
-	}
-	return "hex:" + hex.EncodeToString(e)
-}
-
 // showService prints a service name as it is when it is printable text,
 // else Go-quoted with its escapes spelled out ("evil\x1b]0;..."): a name
 // stored by an older dam may hold terminal escapes (or bidirectional
@@ -111,17 +104,17 @@ func newStateGetCmd() *cobra.Command {
 			}
 			if asJSON {
 				return writeJSON(cmd.OutOrStdout(), stateJSON{
-					Service: st.Service, Entity: showEntity(st.Entity), EntityHex: hex.EncodeToString(st.Entity),
-					storedJSON: *storedOf(&st),
+					Service: st.Service, Entity: explain.ShowEntity(st.Entity), EntityHex: hex.EncodeToString(st.Entity),
+					Stored: *explain.StoredOf(&st),
 				})
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "service\t%s\n", showService(st.Service))
 			fmt.Fprintf(w, "mode\t%s\n", st.Mode)
 			if st.Mode == dedup.Window {
-				fmt.Fprintf(w, "id\t%s\n", showEntity(st.Entity))
+				fmt.Fprintf(w, "id\t%s\n", explain.ShowEntity(st.Entity))
 			} else {
-				fmt.Fprintf(w, "entity\t%s\n", showEntity(st.Entity))
+				fmt.Fprintf(w, "entity\t%s\n", explain.ShowEntity(st.Entity))
 			}
 			if st.Mode == dedup.Version {
 				fmt.Fprintf(w, "version\t%d\n", st.Version)
@@ -152,7 +145,7 @@ type stateJSON struct {
 	Service   string `json:"service"`
 	Entity    string `json:"entity"` // text, or "hex:..." for a key that is not
 	EntityHex string `json:"entity_hex"`
-	storedJSON
+	explain.Stored
 }
 
 func newStateResetCmd() *cobra.Command {

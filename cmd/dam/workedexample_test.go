@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,7 +20,8 @@ import (
 
 // TestWorkedExample is the worked example of docs/operations.md#operations,
 // against the real sidecar: a record is dropped as a duplicate, dam explain
-// says why, and dam state reset plus a replay delivers it again.
+// says why (as text and as JSON), and dam state reset plus a replay
+// delivers it again.
 func TestWorkedExample(t *testing.T) {
 	unsetDSN(t) // not parallel
 	const in, out = "projections.customer-2", "delivery.customer-2"
@@ -93,6 +95,28 @@ routes:
 	mustContain(t, "explain payload", text, "decision duplicate", "from projections.customer-2/0@0")
 	if code != 0 {
 		t.Fatal(code)
+	}
+
+	// The same answers as JSON, for scripts.
+	var offsetJSON struct {
+		Decision    string
+		DuplicateOf struct{ Offset int64 } `json:"duplicate_of"`
+		Evidence    []string
+	}
+	code, text, _ = runDam(t, "explain", "--config", path, "--topic", in, "--partition", "0", "--offset", "1", "-o", "json")
+	if err := json.Unmarshal([]byte(text), &offsetJSON); code != 0 || err != nil || offsetJSON.Decision != "duplicate" ||
+		offsetJSON.DuplicateOf.Offset != 0 || len(offsetJSON.Evidence) < 3 {
+		t.Fatalf("explain offset 1 -o json: %d %v\n%s", code, err, text)
+	}
+	var payloadJSON struct {
+		Decision, Cause string
+		Stored          struct{ Source struct{ Offset int64 } }
+	}
+	code, text, _ = runDamStdin(t, `{"banana_id":"B-007","ripeness_level":"Green"}`,
+		"explain", "--config", path, "-o", "json", "customer-2", "B-007", "-")
+	if err := json.Unmarshal([]byte(text), &payloadJSON); code != 0 || err != nil || payloadJSON.Decision != "forward" ||
+		payloadJSON.Cause != "changed" || payloadJSON.Stored.Source.Offset != 0 {
+		t.Fatalf("explain payload -o json: %d %v\n%s", code, err, text)
 	}
 
 	// Re-deliver on purpose: reset the identity, replay upstream.

@@ -1,4 +1,4 @@
-package main
+package explain
 
 import (
 	"bytes"
@@ -11,16 +11,17 @@ import (
 	"github.com/dam-dedup/dam/canon"
 )
 
-// difference is the first structural difference between two values: a
+// Difference is the first structural difference between two values: a
 // JSON pointer and both sides, as compact JSON ("(absent)" for a member or
 // element only one side has).
-type difference struct {
+type Difference struct {
 	Path string `json:"path"`
 	Old  string `json:"old"`
 	New  string `json:"new"`
 }
 
-func (d difference) String() string {
+// String returns "path: old -> new".
+func (d Difference) String() string {
 	path := d.Path
 	if path == "" {
 		path = "(the whole value)"
@@ -38,23 +39,23 @@ const maxShown = 120
 // forms of their trees (members sorted by name, ignored values left out),
 // walked in that order; for format bytes, the first differing byte. It
 // returns false when the values are equal to h.
-func firstDifference(h *canon.Hasher, oldValue, newValue []byte) (difference, bool, error) {
+func firstDifference(h *canon.Hasher, oldValue, newValue []byte) (Difference, bool, error) {
 	if oldValue == nil || newValue == nil {
 		if oldValue == nil && newValue == nil {
-			return difference{}, false, nil
+			return Difference{}, false, nil
 		}
-		return difference{Old: showRaw(oldValue, h), New: showRaw(newValue, h)}, true, nil
+		return Difference{Old: showRaw(oldValue, h), New: showRaw(newValue, h)}, true, nil
 	}
 	if h.Format() == canon.FormatBytes {
 		return bytesDifference(oldValue, newValue)
 	}
 	ot, err := canonicalTree(h, oldValue)
 	if err != nil {
-		return difference{}, false, fmt.Errorf("stored content: %w", err)
+		return Difference{}, false, fmt.Errorf("stored content: %w", err)
 	}
 	nt, err := canonicalTree(h, newValue)
 	if err != nil {
-		return difference{}, false, fmt.Errorf("new content: %w", err)
+		return Difference{}, false, fmt.Errorf("new content: %w", err)
 	}
 	d, ok := treeDifference("", ot, nt)
 	return d, ok, nil
@@ -77,7 +78,7 @@ func canonicalTree(h *canon.Hasher, value []byte) (any, error) {
 }
 
 // treeDifference walks two decoded trees in canonical order.
-func treeDifference(path string, a, b any) (difference, bool) {
+func treeDifference(path string, a, b any) (Difference, bool) {
 	switch av := a.(type) {
 	case map[string]any:
 		bv, ok := b.(map[string]any)
@@ -100,15 +101,15 @@ func treeDifference(path string, a, b any) (difference, bool) {
 			y, inB := bv[n]
 			switch {
 			case !inA:
-				return difference{Path: p, Old: absent, New: show(y)}, true
+				return Difference{Path: p, Old: absent, New: show(y)}, true
 			case !inB:
-				return difference{Path: p, Old: show(x), New: absent}, true
+				return Difference{Path: p, Old: show(x), New: absent}, true
 			}
 			if d, ok := treeDifference(p, x, y); ok {
 				return d, true
 			}
 		}
-		return difference{}, false
+		return Difference{}, false
 	case []any:
 		bv, ok := b.([]any)
 		if !ok {
@@ -118,21 +119,21 @@ func treeDifference(path string, a, b any) (difference, bool) {
 			p := fmt.Sprintf("%s/%d", path, i)
 			switch {
 			case i >= len(av):
-				return difference{Path: p, Old: absent, New: show(bv[i])}, true
+				return Difference{Path: p, Old: absent, New: show(bv[i])}, true
 			case i >= len(bv):
-				return difference{Path: p, Old: show(av[i]), New: absent}, true
+				return Difference{Path: p, Old: show(av[i]), New: absent}, true
 			}
 			if d, ok := treeDifference(p, av[i], bv[i]); ok {
 				return d, true
 			}
 		}
-		return difference{}, false
+		return Difference{}, false
 	default:
 		if fmt.Sprintf("%T", a) == fmt.Sprintf("%T", b) && a == b {
-			return difference{}, false
+			return Difference{}, false
 		}
 	}
-	return difference{Path: path, Old: show(a), New: show(b)}, true
+	return Difference{Path: path, Old: show(a), New: show(b)}, true
 }
 
 // escapePointer escapes a member name as an RFC 6901 reference token.
@@ -174,9 +175,9 @@ func showRaw(v []byte, h *canon.Hasher) string {
 }
 
 // bytesDifference reports the first differing byte of two raw values.
-func bytesDifference(a, b []byte) (difference, bool, error) {
+func bytesDifference(a, b []byte) (Difference, bool, error) {
 	if bytes.Equal(a, b) {
-		return difference{}, false, nil
+		return Difference{}, false, nil
 	}
 	i := 0
 	for i < len(a) && i < len(b) && a[i] == b[i] {
@@ -188,5 +189,5 @@ func bytesDifference(a, b []byte) (difference, bool, error) {
 		}
 		return "hex:" + hex.EncodeToString(v[i:min(len(v), i+16)])
 	}
-	return difference{Path: fmt.Sprintf("byte %d", i), Old: at(a), New: at(b)}, true, nil
+	return Difference{Path: fmt.Sprintf("byte %d", i), Old: at(a), New: at(b)}, true, nil
 }

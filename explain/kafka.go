@@ -1,4 +1,4 @@
-package main
+package explain
 
 import (
 	"context"
@@ -9,36 +9,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/pipeline"
 )
 
-// kafkaReader reads input records for dam explain: bounds, the group's
-// committed offset, single records and ranges, read_committed like the
-// sidecar.
-type kafkaReader struct {
-	opts  []kgo.Opt
-	admin *kadm.Client
-	cl    *kgo.Client
-}
-
-// newKafkaReader connects (lazily) to the configuration's brokers with its
-// TLS and SASL settings (pipeline.KafkaOptions, as the sidecar does).
-func newKafkaReader(k config.Kafka) (*kafkaReader, error) {
-	kopts, err := pipeline.KafkaOptions(k)
-	if err != nil {
-		return nil, usageError{err}
-	}
-	opts := append([]kgo.Opt{kgo.SeedBrokers(k.Brokers...), kgo.ClientID(k.ClientID + "-explain")}, kopts...)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka: %w", err)
-	}
-	return &kafkaReader{opts: opts, admin: kadm.NewClient(cl), cl: cl}, nil
-}
-
-func (r *kafkaReader) Close() { r.cl.Close() }
+// Reading the input: a partition's bounds, the group's committed offset,
+// single records and ranges, read_committed like the sidecar, through
+// clients made from the Explainer's Kafka client's options.
 
 // bounds are a partition's readable offsets and the group's position.
 type bounds struct {
@@ -49,9 +24,10 @@ type bounds struct {
 }
 
 // bounds returns the partition's bounds and group's committed offset.
-func (r *kafkaReader) bounds(ctx context.Context, group, topic string, part int32) (bounds, error) {
+func (ex *Explainer) bounds(ctx context.Context, group, topic string, part int32) (bounds, error) {
 	b := bounds{Committed: -1}
-	starts, err := r.admin.ListStartOffsets(ctx, topic)
+	admin := kadm.NewClient(ex.kafka)
+	starts, err := admin.ListStartOffsets(ctx, topic)
 	if err == nil {
 		err = starts.Error()
 	}
@@ -62,7 +38,7 @@ func (r *kafkaReader) bounds(ctx context.Context, group, topic string, part int3
 	if !ok {
 		return b, fmt.Errorf("kafka: topic %s has no partition %d", topic, part)
 	}
-	ends, err := r.admin.ListCommittedOffsets(ctx, topic)
+	ends, err := admin.ListCommittedOffsets(ctx, topic)
 	if err == nil {
 		err = ends.Error()
 	}
@@ -72,7 +48,7 @@ func (r *kafkaReader) bounds(ctx context.Context, group, topic string, part int3
 	e, _ := ends.Lookup(topic, part)
 	b.Start, b.End = s.Offset, e.Offset
 	if group != "" {
-		offs, err := r.admin.FetchOffsets(kadm.RequireStable(ctx), group)
+		offs, err := admin.FetchOffsets(kadm.RequireStable(ctx), group)
 		if errors.Is(err, kerr.GroupIDNotFound) {
 			return b, nil // the group never committed
 		}
@@ -92,7 +68,7 @@ var errUnreadable = errors.New("not readable")
 // readRange returns the committed records of topic/part with offsets in
 // [from, to], in offset order (offsets of aborted or compacted records are
 // missing). b are the partition's bounds.
-func (r *kafkaReader) readRange(ctx context.Context, topic string, part int32, from, to int64, b bounds) ([]*kgo.Record, error) {
+func (ex *Explainer) readRange(ctx context.Context, topic string, part int32, from, to int64, b bounds) ([]*kgo.Record, error) {
 	if to < b.Start {
 		return nil, fmt.Errorf("%s/%d@%d: %w: below the log start offset %d (retention or deletion)", topic, part, to, errUnreadable, b.Start)
 	}
@@ -100,7 +76,7 @@ func (r *kafkaReader) readRange(ctx context.Context, topic string, part int32, f
 		return nil, fmt.Errorf("%s/%d@%d: %w: at or beyond the end of the partition (%d)", topic, part, to, errUnreadable, b.End)
 	}
 	from = max(from, b.Start)
-	cl, err := kgo.NewClient(append(r.opts[:len(r.opts):len(r.opts)],
+	cl, err := kgo.NewClient(append(ex.kafka.Opts(),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {part: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
 	if err != nil {
@@ -150,8 +126,8 @@ func (r *kafkaReader) readRange(ctx context.Context, topic string, part int32, f
 
 // readOne returns the record at offset, or an error wrapping errUnreadable
 // saying why it cannot be read.
-func (r *kafkaReader) readOne(ctx context.Context, topic string, part int32, offset int64, b bounds) (*kgo.Record, error) {
-	recs, err := r.readRange(ctx, topic, part, offset, offset, b)
+func (ex *Explainer) readOne(ctx context.Context, topic string, part int32, offset int64, b bounds) (*kgo.Record, error) {
+	recs, err := ex.readRange(ctx, topic, part, offset, offset, b)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package main
+package explain
 
 import (
 	"bytes"
@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -16,13 +14,12 @@ import (
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/pipeline"
 )
 
-// offsetRef names an input record that a decision refers to, and where
+// Ref names an input record that a decision refers to, and where
 // that knowledge comes from: "state", "decision log" or "kafka" (found by
 // reading the input before the offset).
-type offsetRef struct {
+type Ref struct {
 	Offset int64 `json:"offset"`
 	// At is when it was forwarded (from the state or the decision log), or
 	// the record's timestamp (from kafka).
@@ -35,15 +32,16 @@ type offsetRef struct {
 	Version *int64 `json:"version,omitempty"`
 }
 
-func (r *offsetRef) offsetText() string {
+func (r *Ref) offsetText() string {
 	if r.AtOrBefore {
 		return fmt.Sprintf("%d or earlier", r.Offset)
 	}
 	return fmt.Sprint(r.Offset)
 }
 
-// offsetExplanation answers `dam explain --topic --partition --offset`.
-type offsetExplanation struct {
+// OffsetExplanation answers what was decided for one input record, and why
+// (Explainer.Offset).
+type OffsetExplanation struct {
 	Topic     string     `json:"topic"`
 	Partition int32      `json:"partition"`
 	Offset    int64      `json:"offset"`
@@ -67,19 +65,20 @@ type offsetExplanation struct {
 	// DuplicateOf is the forward a duplicate repeated; StaleAgainst the
 	// forward of the higher version a stale record lost to; Previous, for a
 	// forward, the record before it (its content, or its version).
-	DuplicateOf  *offsetRef  `json:"duplicate_of,omitempty"`
-	StaleAgainst *offsetRef  `json:"stale_against,omitempty"`
-	Previous     *offsetRef  `json:"previous,omitempty"`
-	Difference   *difference `json:"difference,omitempty"`
+	DuplicateOf  *Ref        `json:"duplicate_of,omitempty"`
+	StaleAgainst *Ref        `json:"stale_against,omitempty"`
+	Previous     *Ref        `json:"previous,omitempty"`
+	Difference   *Difference `json:"difference,omitempty"`
 	// Refresh and Window are the rule's figures behind the decision, where
 	// they are known.
-	Refresh *refreshJSON `json:"refresh,omitempty"`
-	Window  *windowJSON  `json:"window,omitempty"`
+	Refresh *Refresh `json:"refresh,omitempty"`
+	Window  *Window  `json:"window,omitempty"`
 	// Evidence lists what the answer rests on, and what no longer covers
 	// the offset.
 	Evidence []string `json:"evidence"`
 
-	diffFrom int64 // the offset the difference is from
+	// DifferenceFrom is the offset whose content the difference is from.
+	DifferenceFrom int64 `json:"-"`
 }
 
 // reading is an input record as its route decides it (pipeline.Route's
@@ -92,7 +91,7 @@ type reading struct {
 	err      error
 }
 
-func readAs(c *pipeline.Route, r *kgo.Record) reading {
+func readAs(c Route, r *kgo.Record) reading {
 	id, v, d, err := c.Identify(r)
 	return reading{rec: r, identity: id, version: v, digest: d, err: err}
 }
@@ -100,16 +99,16 @@ func readAs(c *pipeline.Route, r *kgo.Record) reading {
 // of reports whether r is a valid record of identity id.
 func (r *reading) of(id []byte) bool { return r.err == nil && bytes.Equal(r.identity, id) }
 
-func (r *reading) ref(from string) *offsetRef {
-	return &offsetRef{Offset: r.rec.Offset, At: r.rec.Timestamp.UTC(), From: from}
+func (r *reading) ref(from string) *Ref {
+	return &Ref{Offset: r.rec.Offset, At: r.rec.Timestamp.UTC(), From: from}
 }
 
 // offsetCase is what one offset's explanation is worked out from.
 type offsetCase struct {
-	ex     *explainer
-	res    *offsetExplanation
+	ex     *Explainer
+	res    *OffsetExplanation
 	rc     *config.Route
-	route  *pipeline.Route
+	route  Route
 	rule   dedup.Rule
 	h      routeHasher
 	p      dedup.Partition
@@ -122,28 +121,25 @@ type offsetCase struct {
 	other  *dedup.State
 }
 
-// offset explains the decision for one input record.
-func (ex *explainer) offset(ctx context.Context, topic string, part int32, offset int64) (*offsetExplanation, error) {
-	var rc *config.Route
-	for i := range ex.cfg.Routes {
-		if ex.cfg.Routes[i].From == topic {
-			rc = &ex.cfg.Routes[i]
-		}
-	}
-	if rc == nil {
-		return nil, usagef("no route of the configuration reads topic %q", topic)
-	}
-	route, err := compile(rc)
-	if err != nil {
-		return nil, err
-	}
-	x := &offsetCase{ex: ex, rc: rc, route: route, rule: route.Rule(), h: ex.hasher(rc.Service),
-		p: dedup.Partition{Group: ex.cfg.Kafka.Group, Topic: topic, Partition: part}}
-	res := &offsetExplanation{Topic: topic, Partition: part, Offset: offset, Service: rc.Service,
-		Mode: x.rule.Mode.String(), Rule: describeRule(rc, x.rule)}
+// Offset explains what was decided for the input record at offset of
+// partition of r's input topic, and why: from the decision log while it
+// covers the offset (it is pruned below the group's committed offset),
+// otherwise from the state and the input read before the offset, and it
+// says which (Evidence). It changes nothing.
+//
+// Errors: ErrGone when the record can no longer be read and the decision
+// log does not cover it.
+func (ex *Explainer) Offset(ctx context.Context, r Route, part int32, offset int64) (*OffsetExplanation, error) {
+	rc := r.Config()
+	topic := rc.From
+	var err error
+	x := &offsetCase{ex: ex, rc: &rc, route: r, rule: r.Rule(), h: hasherOf(r),
+		p: dedup.Partition{Group: ex.group, Topic: topic, Partition: part}}
+	res := &OffsetExplanation{Topic: topic, Partition: part, Offset: offset, Service: rc.Service,
+		Mode: x.rule.Mode.String(), Rule: describeRule(&rc, x.rule)}
 	x.res = res
 
-	if x.b, err = ex.kafka.bounds(ctx, x.p.Group, topic, part); err != nil {
+	if x.b, err = ex.bounds(ctx, x.p.Group, topic, part); err != nil {
 		return nil, err
 	}
 	pr, err := ex.store.ReadProgress(ctx, x.p)
@@ -158,7 +154,7 @@ func (ex *explainer) offset(ctx context.Context, topic string, part int32, offse
 	res.Evidence = append(res.Evidence, logLine(x.od, offset, decided, x.rule))
 
 	x.lo = max(x.b.Start, offset-ex.lookback)
-	recs, readErr := ex.kafka.readRange(ctx, topic, part, x.lo, offset, x.b)
+	recs, readErr := ex.readRange(ctx, topic, part, x.lo, offset, x.b)
 	if readErr != nil && !errors.Is(readErr, errUnreadable) {
 		return nil, readErr
 	}
@@ -171,7 +167,7 @@ func (ex *explainer) offset(ctx context.Context, topic string, part int32, offse
 	if rec == nil {
 		res.Evidence = append(res.Evidence, "kafka: "+readErr.Error())
 		if !x.od.Covered {
-			return nil, fmt.Errorf("%w, and the decision log does not cover offset %d: nothing left to explain it from", readErr, offset)
+			return nil, fmt.Errorf("%w: %w, and the decision log does not cover offset %d", ErrGone, readErr, offset)
 		}
 		res.Decision = x.od.Decision.String()
 		res.Reason = fmt.Sprintf("the decision log says %s; the record itself is no longer readable", x.od.Decision)
@@ -180,7 +176,7 @@ func (ex *explainer) offset(ctx context.Context, topic string, part int32, offse
 			res.Reason = "the decision log says it was not forwarded, a duplicate or stale (it records only forwards and dead letters); the record, whose version would tell which, is no longer readable"
 		}
 		if x.od.Entity != nil {
-			res.Entity, res.EntityHex = showEntity(x.od.Entity), hex.EncodeToString(x.od.Entity)
+			res.Entity, res.EntityHex = ShowEntity(x.od.Entity), hex.EncodeToString(x.od.Entity)
 		}
 		return res, nil
 	}
@@ -189,12 +185,12 @@ func (ex *explainer) offset(ctx context.Context, topic string, part int32, offse
 
 	// The record and the input before it, as the sidecar reads them.
 	x.before = make([]reading, len(recs))
-	for i, r := range recs {
-		x.before[i] = readAs(route, r)
+	for i, in := range recs {
+		x.before[i] = readAs(r, in)
 	}
-	x.cur = readAs(route, rec)
+	x.cur = readAs(r, rec)
 	if x.cur.err == nil {
-		res.Entity, res.EntityHex, res.Digest = showEntity(x.cur.identity), hex.EncodeToString(x.cur.identity), x.cur.digest.String()
+		res.Entity, res.EntityHex, res.Digest = ShowEntity(x.cur.identity), hex.EncodeToString(x.cur.identity), x.cur.digest.String()
 		if x.rule.Mode == dedup.Version {
 			v := x.cur.version
 			res.Version = &v
@@ -206,8 +202,8 @@ func (ex *explainer) offset(ctx context.Context, topic string, part int32, offse
 		if mc := modeChange(x.rule.Mode, x.own, x.other, true); mc != "" {
 			res.Evidence = append(res.Evidence, "state: "+mc)
 		}
-	} else if id, err := route.Entity(rec); err == nil {
-		res.Entity, res.EntityHex = showEntity(id), hex.EncodeToString(id)
+	} else if id, err := r.Entity(rec); err == nil {
+		res.Entity, res.EntityHex = ShowEntity(id), hex.EncodeToString(id)
 	}
 
 	fromState := x.fromState()
@@ -247,7 +243,7 @@ func (x *offsetCase) fromState() bool {
 
 func (x *offsetCase) stateLine() string {
 	if x.own != nil {
-		return "state: " + storedOf(x.own).describe()
+		return "state: " + StoredOf(x.own).String()
 	}
 	s := fmt.Sprintf("state: none stored in mode %s for this identity (never forwarded, or reset or pruned since", x.rule.Mode)
 	if x.rule.Mode == dedup.Window {
@@ -293,7 +289,7 @@ func (x *offsetCase) recordAt(ctx context.Context, off int64) (*reading, error) 
 			return &x.before[i], nil
 		}
 	}
-	rec, err := x.ex.kafka.readOne(ctx, x.p.Topic, x.p.Partition, off, x.b)
+	rec, err := x.ex.readOne(ctx, x.p.Topic, x.p.Partition, off, x.b)
 	if err != nil {
 		return nil, err
 	}
@@ -325,7 +321,7 @@ func (x *offsetCase) diff(base *reading) {
 		return
 	}
 	if d, ok, err := firstDifference(x.h.Hasher, base.rec.Value, x.cur.rec.Value); err == nil && ok {
-		x.res.Difference, x.res.diffFrom = &d, base.rec.Offset
+		x.res.Difference, x.res.DifferenceFrom = &d, base.rec.Offset
 	}
 }
 
@@ -337,7 +333,7 @@ func (x *offsetCase) undecided(ctx context.Context, pr dedup.Progress) error {
 		res.Reason += fmt.Sprintf("; decided now, it would be bad input (%s): %s", hashError(x.cur.err), badInputDest(x.rc, true))
 		return nil
 	}
-	now, err := dbClock(ctx, x.ex.store)
+	now, err := x.ex.clock(ctx)
 	if err != nil {
 		return err
 	}
@@ -425,21 +421,21 @@ func (x *offsetCase) refreshed(ctx context.Context, prev *reading, at time.Time,
 
 func (x *offsetCase) forwardWindow(ctx context.Context, at time.Time, known bool) {
 	res, rule := x.res, x.rule
-	res.Window = &windowJSON{Window: rule.Window.String(), Sliding: rule.Sliding}
+	res.Window = &Window{Window: rule.Window.String(), Sliding: rule.Sliding}
 	res.Reason = "forwarded: its id had no open window when it was decided"
 	if lf, ok := x.lastForward(ctx); ok {
-		res.Previous = &offsetRef{Offset: lf.Offset, At: lf.LoggedAt.UTC(), From: "decision log"}
+		res.Previous = &Ref{Offset: lf.Offset, At: lf.LoggedAt.UTC(), From: "decision log"}
 		if rule.Sliding {
 			res.Reason += fmt.Sprintf(": the id was last forwarded from offset %d at %s, and its sliding window (%s from the forward or its last repeat) had ended",
 				lf.Offset, exact(lf.LoggedAt), rule.Window)
 			return
 		}
-		end := lf.LoggedAt.Add(rule.Window).UTC()
+		end := windowOpened(rule, lf.LoggedAt).UTC()
 		res.Window.ExpiresAt, res.Window.Expired = &end, true
 		res.Reason += fmt.Sprintf(": the id was last forwarded from offset %d at %s, and that window ended at %s", lf.Offset, exact(lf.LoggedAt), exact(end))
 		if known {
 			res.Reason += fmt.Sprintf("; this record was decided at %s", exact(at))
-			if at.Before(end) {
+			if inWindow(rule, end, at) {
 				res.Window.Expired = false
 				res.Reason += ", before that end: the id was reset in between"
 			}
@@ -467,7 +463,7 @@ func (x *offsetCase) forwardVersion(ctx context.Context) {
 	switch {
 	case !w.exact:
 		res.Reason = fmt.Sprintf("forwarded: its version %d is above %d, the highest earlier version of this entity in the input read (offset %d)", v, w.version, w.ref.Offset)
-	case v > w.version:
+	case versionCause(v, w.version) == dedup.CauseNewer:
 		res.Reason = fmt.Sprintf("forwarded: its version %d is above the version %d stored when it was decided, forwarded from offset %d at %s", v, w.version, w.ref.Offset, stamp(w.ref.At))
 	default:
 		res.Reason = fmt.Sprintf("forwarded although its version %d is not above the version %d forwarded from offset %d: its state was reset or pruned in between", v, w.version, w.ref.Offset)
@@ -519,13 +515,13 @@ func (x *offsetCase) duplicateLastSeen(ctx context.Context) {
 // state's source when it still holds that content, else the last logged
 // forward of the entity, else the start of the run of equal content in the
 // input read before the offset.
-func (x *offsetCase) duplicateOf(ctx context.Context) *offsetRef {
+func (x *offsetCase) duplicateOf(ctx context.Context) *Ref {
 	st, off := x.own, x.res.Offset
 	if x.fromState() && st.Offset < off && st.Digest == x.cur.digest {
-		return &offsetRef{Offset: st.Offset, At: st.UpdatedAt.UTC(), From: "state"}
+		return &Ref{Offset: st.Offset, At: st.UpdatedAt.UTC(), From: "state"}
 	}
 	if f, ok := x.lastForward(ctx); ok {
-		return &offsetRef{Offset: f.Offset, At: f.LoggedAt.UTC(), From: "decision log"}
+		return &Ref{Offset: f.Offset, At: f.LoggedAt.UTC(), From: "decision log"}
 	}
 	return x.runStart()
 }
@@ -534,7 +530,7 @@ func (x *offsetCase) duplicateOf(ctx context.Context) *offsetRef {
 // of the run of the identity's records with the record's digest that ends
 // there: under last-seen, the forward whose content the run repeats. nil
 // when the identity has no such record there.
-func (x *offsetCase) runStart() *offsetRef {
+func (x *offsetCase) runStart() *Ref {
 	var run, first *reading
 	for i := len(x.before) - 1; i >= 0; i-- {
 		r := &x.before[i]
@@ -570,13 +566,13 @@ func (x *offsetCase) firstOf() *reading {
 func (x *offsetCase) duplicateWindow(ctx context.Context) {
 	res, rule := x.res, x.rule
 	res.Decision = dedup.Duplicate.String()
-	res.Window = &windowJSON{Window: rule.Window.String(), Sliding: rule.Sliding}
-	var fwd *offsetRef
+	res.Window = &Window{Window: rule.Window.String(), Sliding: rule.Sliding}
+	var fwd *Ref
 	var base *reading
 	if x.fromState() && x.own.Offset < res.Offset {
-		fwd = &offsetRef{Offset: x.own.Offset, At: x.own.UpdatedAt.UTC(), From: "state"}
+		fwd = &Ref{Offset: x.own.Offset, At: x.own.UpdatedAt.UTC(), From: "state"}
 	} else if lf, ok := x.lastForward(ctx); ok {
-		fwd = &offsetRef{Offset: lf.Offset, At: lf.LoggedAt.UTC(), From: "decision log"}
+		fwd = &Ref{Offset: lf.Offset, At: lf.LoggedAt.UTC(), From: "decision log"}
 	}
 	if fwd == nil {
 		// Only the input is left: the earliest record of the id read.
@@ -594,7 +590,7 @@ func (x *offsetCase) duplicateWindow(ctx context.Context) {
 	res.DuplicateOf = fwd
 	kind := "sliding, extended by each repeat"
 	if !rule.Sliding {
-		end := fwd.At.Add(rule.Window)
+		end := windowOpened(rule, fwd.At)
 		res.Window.ExpiresAt = &end
 		kind = "fixed, until " + exact(end)
 	}
@@ -618,7 +614,7 @@ func (x *offsetCase) duplicateWindow(ctx context.Context) {
 // was decided, and the forward that set it, as far as it can be known.
 type versionWitness struct {
 	version int64
-	ref     *offsetRef
+	ref     *Ref
 	// exact: from the state or the decision log, or from the input read
 	// back to the partition's start; else a lower bound (the highest
 	// version in the input read before the offset).
@@ -626,16 +622,16 @@ type versionWitness struct {
 }
 
 func (x *offsetCase) versionBefore(ctx context.Context) (versionWitness, bool) {
-	witness := func(v int64, ref *offsetRef, exact bool) (versionWitness, bool) {
+	witness := func(v int64, ref *Ref, exact bool) (versionWitness, bool) {
 		ref.Version = &v
 		return versionWitness{version: v, ref: ref, exact: exact}, true
 	}
 	if x.fromState() && x.own.Offset < x.res.Offset {
-		return witness(x.own.Version, &offsetRef{Offset: x.own.Offset, At: x.own.UpdatedAt.UTC(), From: "state"}, true)
+		return witness(x.own.Version, &Ref{Offset: x.own.Offset, At: x.own.UpdatedAt.UTC(), From: "state"}, true)
 	}
 	if lf, ok := x.lastForward(ctx); ok {
 		if r, err := x.recordAt(ctx, lf.Offset); err == nil && r.err == nil {
-			return witness(r.version, &offsetRef{Offset: lf.Offset, At: lf.LoggedAt.UTC(), From: "decision log"}, true)
+			return witness(r.version, &Ref{Offset: lf.Offset, At: lf.LoggedAt.UTC(), From: "decision log"}, true)
 		}
 	}
 	// Every valid record raises the stored version to its own, at least: the
@@ -655,8 +651,12 @@ func (x *offsetCase) versionBefore(ctx context.Context) (versionWitness, bool) {
 func (x *offsetCase) notForwardedVersion(ctx context.Context, logged bool) {
 	res, v := x.res, x.cur.version
 	w, ok := x.versionBefore(ctx)
+	var c dedup.Cause // what the rule makes of v against the version stored then
+	if ok {
+		c = versionCause(v, w.version)
+	}
 	switch {
-	case ok && v < w.version:
+	case c == dedup.CauseOlder:
 		res.Decision, res.StaleAgainst = dedup.Stale.String(), w.ref
 		if w.ref.From == "kafka" && !w.exact {
 			res.Reason = fmt.Sprintf("stale: its version %d is below version %d of the earlier record at offset %d, so below the version stored when it was decided: an out-of-order update",
@@ -666,7 +666,7 @@ func (x *offsetCase) notForwardedVersion(ctx context.Context, logged bool) {
 				v, w.version, w.ref.Offset, stamp(w.ref.At))
 		}
 		return
-	case ok && w.exact && v == w.version:
+	case w.exact && c == dedup.CauseSameVersion:
 		res.Decision, res.DuplicateOf = dedup.Duplicate.String(), w.ref
 		res.Reason = fmt.Sprintf("duplicate: its version %d equals the version stored when it was decided, forwarded from offset %d at %s; a repeated version is a duplicate whatever its content",
 			v, w.ref.Offset, stamp(w.ref.At))
@@ -685,7 +685,7 @@ func (x *offsetCase) notForwardedVersion(ctx context.Context, logged bool) {
 	case !ok:
 		res.Reason += fmt.Sprintf("the version stored when it was decided is gone (the state has moved on, the decision log holds no forward of this entity before it, and the input read, [%d, %d), holds no earlier version of it)",
 			x.lo, res.Offset)
-	case v == w.version:
+	case c == dedup.CauseSameVersion:
 		res.DuplicateOf = w.ref
 		res.Reason += fmt.Sprintf("its version %d equals the highest earlier version in the input read (offset %d), but a higher one may have been stored from before offset %d (--lookback)",
 			v, w.ref.Offset, x.lo)
@@ -717,10 +717,10 @@ func (x *offsetCase) unknown(ctx context.Context) {
 		switch {
 		case !ok:
 			res.Reason += fmt.Sprintf("; the input read before it, [%d, %d), holds no earlier version of this entity: it was probably forwarded, its first version%s", x.lo, res.Offset, x.unread(" (unless an earlier one is ", ")"))
-		case v > w.version:
+		case versionCause(v, w.version) == dedup.CauseNewer:
 			res.Previous = w.ref
 			res.Reason += fmt.Sprintf("; the input before it suggests it was forwarded: its version %d is above every earlier version there (the highest, %d, at offset %d)", v, w.version, w.ref.Offset)
-		case v == w.version:
+		case versionCause(v, w.version) == dedup.CauseSameVersion:
 			res.DuplicateOf = w.ref
 			res.Reason += fmt.Sprintf("; the input before it suggests a duplicate of version %d at offset %d (unless a higher version was stored from elsewhere: then stale)", v, w.ref.Offset)
 		default:
@@ -817,37 +817,4 @@ func logLine(od dedup.OffsetDecision, offset int64, decided bool, rule dedup.Rul
 		return fmt.Sprintf("decision log: no longer covers offset %d (it holds [%d, %d); it is pruned below the group's committed offset once delivered)", offset, od.LogFrom, od.LogTo)
 	}
 	return fmt.Sprintf("decision log: no longer covers offset %d (empty for this partition: pruned below the group's committed offset once delivered)", offset)
-}
-
-func (r *offsetExplanation) print(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	rec := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
-	if r.Timestamp != nil {
-		rec += ", " + stamp(*r.Timestamp)
-	}
-	fmt.Fprintf(tw, "record\t%s\n", rec)
-	fmt.Fprintf(tw, "service\t%s\n", r.Service)
-	fmt.Fprintf(tw, "mode\t%s\n", r.Rule)
-	if r.Entity != "" || r.EntityHex != "" {
-		if r.Mode == dedup.Window.String() {
-			fmt.Fprintf(tw, "id\t%s\n", r.Entity)
-		} else {
-			fmt.Fprintf(tw, "entity\t%s\n", r.Entity)
-		}
-	}
-	if r.Digest != "" {
-		fmt.Fprintf(tw, "digest\t%s\n", r.Digest)
-	}
-	if r.Version != nil {
-		fmt.Fprintf(tw, "version\t%d\n", *r.Version)
-	}
-	fmt.Fprintf(tw, "decision\t%s\n", r.Decision)
-	fmt.Fprintf(tw, "why\t%s\n", r.Reason)
-	if r.Difference != nil {
-		fmt.Fprintf(tw, "difference\t%s (offset %d -> %d)\n", r.Difference, r.diffFrom, r.Offset)
-	}
-	for _, e := range r.Evidence {
-		fmt.Fprintf(tw, "evidence\t%s\n", e)
-	}
-	return tw.Flush()
 }

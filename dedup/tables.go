@@ -1,0 +1,277 @@
+package dedup
+
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dam-dedup/dam/canon"
+)
+
+// Each mode's table in a Decide transaction. Per transaction, a tableTxn
+// queues the statement locking the batch's identities that exist and
+// reading their state (round trip 1); Decide then runs the rule
+// (Rule.Decide, rules.go) on each record in offset order, in memory, and
+// the tableTxn queues the statements writing what changed (round trip 2).
+// In every table, identities the lock found are rewritten by an upsert,
+// identities it did not find are written by a plain INSERT whose unique
+// violation, if a concurrent decider created one of them meanwhile, rolls
+// the transaction back to be run again (see Decide). Existing rows are
+// locked in key order, the same in every batch, so concurrent batches do
+// not deadlock on them.
+
+// tableTxn is one mode's table in one Decide transaction.
+type tableTxn interface {
+	// queueLock queues the statement that locks and reads the stored state
+	// of ids's entities (those that exist) into ids.
+	queueLock(rt1 *pgx.Batch, service string, ids *identities)
+	// queueWrites queues the statements writing ids's changed identities.
+	queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time)
+}
+
+func newTableTxn(r Rule) tableTxn {
+	switch r.Mode {
+	case Window:
+		return windowTxn{window: r.Window}
+	case Version:
+		return versionTxn{}
+	}
+	return lastSeenTxn{refresh: r.RefreshAfter > 0}
+}
+
+// identities are the distinct identities of a batch, sorted (the order in
+// which they are locked), with their state as the batch goes.
+type identities struct {
+	rule     Rule
+	entities [][]byte
+	idx      map[string]int // entity -> index in entities
+	// state is each identity's state: as the lock read it, then as each of
+	// its records leaves it.
+	state []Stored
+	// found: the lock found a row (rewritten by an upsert; the others are
+	// inserted).
+	found []bool
+	// changed: a record of the batch forwarded the identity; offsets holds
+	// that record's offset.
+	changed []bool
+	offsets []int64
+	// touched: a record changed the state without forwarding it (a sliding
+	// window's expiry), and none of the batch forwarded it.
+	touched []bool
+}
+
+func newIdentities(rule Rule, entities [][]byte, idx map[string]int) *identities {
+	n := len(entities)
+	return &identities{rule: rule, entities: entities, idx: idx, state: make([]Stored, n),
+		found: make([]bool, n), changed: make([]bool, n), offsets: make([]int64, n), touched: make([]bool, n)}
+}
+
+// read records the state the lock found for entity e.
+func (ids *identities) read(e []byte, st Stored) {
+	if i, ok := ids.idx[string(e)]; ok {
+		ids.found[i], ids.state[i] = true, st
+	}
+}
+
+// decide decides r, a valid record, at now under the batch's rule, and
+// keeps its identity's new state.
+func (ids *identities) decide(r *Record, now time.Time) Decision {
+	i := ids.idx[string(r.Entity)]
+	prev := ids.state[i]
+	o := ids.rule.Decide(prev, r.Digest, r.Version, now)
+	ids.state[i] = o.State
+	switch {
+	case o.Decision.Forwards():
+		ids.changed[i], ids.offsets[i], ids.touched[i] = true, r.Offset, false
+	case !ids.changed[i] && !o.State.Equal(prev):
+		ids.touched[i] = true
+	}
+	return o.Decision
+}
+
+// queueChanged queues upsert for the changed identities the lock found
+// and insert for the new ones, each with the arguments args makes for
+// those identities (indexes into entities).
+func (ids *identities) queueChanged(rt2 *pgx.Batch, upsert, insert string, args func(is []int) []any) {
+	var found, added []int
+	for i, c := range ids.changed {
+		switch {
+		case !c:
+		case ids.found[i]:
+			found = append(found, i)
+		default:
+			added = append(added, i)
+		}
+	}
+	if len(found) > 0 {
+		rt2.Queue(upsert, args(found)...)
+	}
+	if len(added) > 0 {
+		rt2.Queue(insert, args(added)...)
+	}
+}
+
+// columns returns, for the identities at is, the entity, the digest of the
+// state and the offset that set it.
+func (ids *identities) columns(is []int) (entities, digests [][]byte, offsets []int64) {
+	entities, digests, offsets = make([][]byte, len(is)), make([][]byte, len(is)), make([]int64, len(is))
+	for k, i := range is {
+		entities[k], digests[k], offsets[k] = ids.entities[i], ids.state[i].Digest[:], ids.offsets[i]
+	}
+	return entities, digests, offsets
+}
+
+// storedDigest reads a stored digest. One of another length (not written
+// by this version) reads as the zero digest, which equals no record's.
+func storedDigest(b []byte) canon.Digest {
+	var d canon.Digest
+	if len(b) == len(d) {
+		copy(d[:], b)
+	}
+	return d
+}
+
+// Last-seen: table state.
+const (
+	sqlLockState = `SELECT entity, digest FROM state
+		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
+	// With refresh_after, also when each identity was last forwarded.
+	sqlLockStateRefresh = `SELECT entity, digest, updated_at FROM state
+		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
+
+	// An upsert keeps the statement correct even for a row that a NULL
+	// digest marks absent.
+	sqlWriteState = `INSERT INTO state AS s (service, entity, digest, updated_at, src_topic, src_partition, src_offset)
+		SELECT $1, e, d, $7, $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(e, d, o)
+		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = EXCLUDED.updated_at,
+			src_topic = EXCLUDED.src_topic, src_partition = EXCLUDED.src_partition, src_offset = EXCLUDED.src_offset`
+
+	sqlInsertState = `INSERT INTO state (service, entity, digest, updated_at, src_topic, src_partition, src_offset)
+		SELECT $1, e, d, $7, $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(e, d, o) ORDER BY e`
+)
+
+// lastSeenTxn is table state. With refresh, the lock also reads when each
+// identity was last forwarded.
+type lastSeenTxn struct{ refresh bool }
+
+func (t lastSeenTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
+	sql := sqlLockState
+	if t.refresh {
+		sql = sqlLockStateRefresh
+	}
+	rt1.Queue(sql, service, ids.entities).Query(func(rs pgx.Rows) error {
+		var e, d []byte
+		var at time.Time
+		dest := []any{&e, &d}
+		if t.refresh {
+			dest = append(dest, &at)
+		}
+		_, err := pgx.ForEachRow(rs, dest, func() error {
+			// A row whose digest is NULL holds no state, but exists.
+			ids.read(e, Stored{Found: d != nil, Digest: storedDigest(d), Forwarded: at})
+			return nil
+		})
+		return err
+	})
+}
+
+func (t lastSeenTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
+	ids.queueChanged(rt2, sqlWriteState, sqlInsertState, func(is []int) []any {
+		entities, digests, offsets := ids.columns(is)
+		return []any{service, p.Topic, p.Partition, entities, digests, offsets, now}
+	})
+}
+
+// Window: table window_ids.
+const (
+	sqlLockWindow = `SELECT id, expires_at FROM window_ids
+		WHERE service = $1 AND id = ANY($2::bytea[]) ORDER BY id FOR UPDATE`
+
+	// A found row had expired: the id is forwarded afresh.
+	sqlWriteWindow = `INSERT INTO window_ids AS w (service, id, expires_at, forwarded_at, digest, src_topic, src_partition, src_offset)
+		SELECT $1, i, $8, $7, d, $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(i, d, o)
+		ON CONFLICT (service, id) DO UPDATE SET expires_at = EXCLUDED.expires_at, forwarded_at = EXCLUDED.forwarded_at,
+			digest = EXCLUDED.digest, src_topic = EXCLUDED.src_topic, src_partition = EXCLUDED.src_partition,
+			src_offset = EXCLUDED.src_offset`
+
+	sqlInsertWindow = `INSERT INTO window_ids (service, id, expires_at, forwarded_at, digest, src_topic, src_partition, src_offset)
+		SELECT $1, i, $8, $7, d, $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(i, d, o) ORDER BY i`
+
+	// Sliding: the repeated ids' windows restart now.
+	sqlExtendWindow = `UPDATE window_ids SET expires_at = $3 WHERE service = $1 AND id = ANY($2::bytea[])`
+)
+
+// windowTxn is table window_ids.
+type windowTxn struct{ window time.Duration }
+
+func (t windowTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
+	rt1.Queue(sqlLockWindow, service, ids.entities).Query(func(rs pgx.Rows) error {
+		var id []byte
+		var exp time.Time
+		_, err := pgx.ForEachRow(rs, []any{&id, &exp}, func() error {
+			ids.read(id, Stored{Found: true, Expires: exp})
+			return nil
+		})
+		return err
+	})
+}
+
+func (t windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
+	// Every identity the batch forwarded or extended expires at the same
+	// time: one decision time per batch.
+	exp := now.Add(t.window)
+	ids.queueChanged(rt2, sqlWriteWindow, sqlInsertWindow, func(is []int) []any {
+		entities, digests, offsets := ids.columns(is)
+		return []any{service, p.Topic, p.Partition, entities, digests, offsets, now, exp}
+	})
+	var ext [][]byte
+	for i, touched := range ids.touched {
+		if touched {
+			ext = append(ext, ids.entities[i])
+		}
+	}
+	if len(ext) > 0 {
+		rt2.Queue(sqlExtendWindow, service, ext, exp)
+	}
+}
+
+// Version: table versions.
+const (
+	sqlLockVersion = `SELECT entity, version FROM versions
+		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
+
+	sqlWriteVersion = `INSERT INTO versions AS v (service, entity, version, digest, updated_at, src_topic, src_partition, src_offset)
+		SELECT $1, e, n, d, $8, $2, $3, o FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[]) AS u(e, n, d, o)
+		ON CONFLICT (service, entity) DO UPDATE SET version = EXCLUDED.version, digest = EXCLUDED.digest,
+			updated_at = EXCLUDED.updated_at, src_topic = EXCLUDED.src_topic, src_partition = EXCLUDED.src_partition,
+			src_offset = EXCLUDED.src_offset`
+
+	sqlInsertVersion = `INSERT INTO versions (service, entity, version, digest, updated_at, src_topic, src_partition, src_offset)
+		SELECT $1, e, n, d, $8, $2, $3, o FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[]) AS u(e, n, d, o) ORDER BY e`
+)
+
+// versionTxn is table versions.
+type versionTxn struct{}
+
+func (versionTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
+	rt1.Queue(sqlLockVersion, service, ids.entities).Query(func(rs pgx.Rows) error {
+		var e []byte
+		var v int64
+		_, err := pgx.ForEachRow(rs, []any{&e, &v}, func() error {
+			ids.read(e, Stored{Found: true, Version: v})
+			return nil
+		})
+		return err
+	})
+}
+
+func (versionTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
+	ids.queueChanged(rt2, sqlWriteVersion, sqlInsertVersion, func(is []int) []any {
+		entities, digests, offsets := ids.columns(is)
+		versions := make([]int64, len(is))
+		for k, i := range is {
+			versions[k] = ids.state[i].Version
+		}
+		return []any{service, p.Topic, p.Partition, entities, versions, digests, offsets, now}
+	})
+}
