@@ -286,9 +286,9 @@ func TestInputRecreatedWhileStoppedHalts(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
 		for _, c := range []struct {
-			name   string
+			name    string
 			newRecs int
-			noID   bool
+			noID    bool
 		}{{"shorter", 3, false}, {"longer", 8, false}, {"shorter, no topic id recorded", 3, true}} {
 			t.Run(delivery+" "+c.name, func(t *testing.T) {
 				t.Parallel()
