@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,7 +56,9 @@ type scenario struct {
 	// (on_store_failure: forward), so repeats are expected beyond the
 	// in-flight bound.
 	forward bool
-	run     func(c *chaosRun)
+	// topics are created on the broker beside the default route's.
+	topics []string
+	run    func(c *chaosRun)
 }
 
 // chaosRun is one scenario in one mode: its broker, its PostgreSQL and
@@ -75,9 +78,32 @@ type chaosRun struct {
 	zombie          *sidecar
 	zombieRestarted bool
 
+	// routes is the sidecars' routes (YAML); "": the default route.
+	routes string
+	// checks are the routes the final check compares with their models,
+	// each with its load; none: the default route and load.
+	checks []chaosCheck
+	// inert counts the faults that may re-deliver nothing (a clean stop,
+	// a poison record): at-least-once's bound allows for the others.
+	inert int
+	// extraIn counts records in that no check reads (a recreated input's
+	// new records).
+	extraIn int
+	// halts: the scenario ends with its partitions halted, by design;
+	// recovery is then the time until the halt is reported.
+	halts bool
+	// finally are checks the scenario leaves for after the final check.
+	finally []func()
+
 	mu       sync.Mutex
 	faults   int
 	recovery time.Duration
+}
+
+// chaosCheck is one route of the final check and its load.
+type chaosCheck struct {
+	rc   routeCheck
+	load *loadgen
 }
 
 // restartIfFenced restarts s if it is the zombie and has exited: naming a
@@ -102,7 +128,7 @@ func (c *chaosRun) restartIfFenced(s *sidecar) bool {
 
 // sidecar makes a dam process of this run.
 func (c *chaosRun) sidecar(name string) *sidecar {
-	o := sidecarOpts{brokers: c.b.addr(), dsn: c.dsn, delivery: c.delivery, maxInFlight: chaosInFlight}
+	o := sidecarOpts{brokers: c.b.addr(), dsn: c.dsn, delivery: c.delivery, maxInFlight: chaosInFlight, routes: c.routes}
 	if c.forward {
 		o.routes = defaultRoutes + "    on_store_failure: forward\n"
 	}
@@ -187,7 +213,19 @@ type chaosRow struct {
 	extra, bound       int // bound < 0: none documented
 	faults             int
 	recovery           time.Duration
+	halts              bool // recovery is the time to report a halt
 	failed             bool
+}
+
+func (r chaosRow) recovered() string {
+	d := r.recovery.Round(100 * time.Millisecond).String()
+	switch {
+	case r.halts:
+		return "halted after " + d
+	case r.recovery == 0:
+		return "n/a" // nothing to recover from (poison records)
+	}
+	return d
 }
 
 func (r chaosRow) beyond() string {
@@ -241,7 +279,7 @@ func TestChaos(t *testing.T) {
 			res = " FAILED"
 		}
 		fmt.Fprintf(tw, "%s%s\t%s\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t\n", r.scenario, res, r.delivery, r.in, r.expected,
-			r.delivered, r.lost, r.beyond(), r.faults, r.recovery.Round(100*time.Millisecond))
+			r.delivered, r.lost, r.beyond(), r.faults, r.recovered())
 	}
 	tw.Flush()
 	t.Log("\n" + sb.String())
@@ -253,11 +291,11 @@ func TestChaos(t *testing.T) {
 }
 
 // runScenario runs one row and checks the output: nothing lost, nothing
-// forwarded that the model drops, per-entity order, no dead letter, and no
-// repeat in exactly-once mode (read_committed) or beyond the in-flight
-// bound in at-least-once mode.
+// forwarded that the model drops, per-entity order, no dead letter but
+// those of poison records, and no repeat in exactly-once mode
+// (read_committed) or beyond the in-flight bound in at-least-once mode.
 func runScenario(t *testing.T, sc scenario, mode string, row *chaosRow) {
-	c := &chaosRun{t: t, delivery: mode, forward: sc.forward, b: newBroker(t, true), dsn: pgtest.DSN(t)}
+	c := &chaosRun{t: t, delivery: mode, forward: sc.forward, b: newBroker(t, true, sc.topics...), dsn: pgtest.DSN(t)}
 	defer func() {
 		if t.Failed() {
 			row.failed = true
@@ -267,23 +305,40 @@ func runScenario(t *testing.T, sc scenario, mode string, row *chaosRow) {
 	if c.load == nil {
 		t.Fatal("the scenario started no load")
 	}
-	c.load.wait(5 * time.Minute)
-	r := waitDelivered(t, c.b.addr(), 3*time.Minute, c.alive...)
-	row.in, row.expected, row.delivered, row.lost, row.extra = r.input, r.forwards, r.delivered, r.lost, r.extra
-	row.faults, row.recovery = c.faults, c.recovery
+	checks := c.checks
+	if len(checks) == 0 {
+		checks = []chaosCheck{{defaultCheck, c.load}}
+	}
+	for _, ch := range checks {
+		ch.load.wait(5 * time.Minute)
+	}
 	// At-least-once: each fault may deliver again what was in flight,
 	// max_in_flight records per assigned partition.
-	row.bound = c.faults * chaosInFlight * partitions
+	row.bound = (c.faults - c.inert) * chaosInFlight * partitions
 	switch {
 	case sc.forward:
 		row.bound = -1
 	case mode == eos:
 		row.bound = 0
 	}
-	t.Logf("%s: %d faults, longest recovery %s", r, c.faults, c.recovery.Round(time.Millisecond))
-	assertReport(t, r, c.load, row.bound)
-	if c.faults == 0 {
+	row.in, row.faults, row.recovery, row.halts = c.extraIn, c.faults, c.recovery, c.halts
+	for _, ch := range checks {
+		r := waitDeliveredRoute(t, c.b.addr(), ch.rc, 3*time.Minute, c.alive...)
+		row.in += r.input
+		row.expected += r.forwards
+		row.delivered += r.delivered
+		row.lost += r.lost + r.deadMissing
+		row.extra += r.extra + r.deadExtra
+		// Every record of a hostile load is a fault of its own.
+		row.faults += r.poison + r.forged
+		assertReport(t, r, ch.load, row.bound)
+	}
+	t.Logf("%d faults, longest recovery %s", row.faults, c.recovery.Round(time.Millisecond))
+	if row.faults == 0 {
 		t.Error("the scenario injected no fault")
+	}
+	for _, f := range c.finally {
+		f()
 	}
 }
 
@@ -298,6 +353,7 @@ func chaosScenarios() []scenario {
 		{name: "rebalance storm", modes: both, run: chaosStorm},
 		{name: "forward, PostgreSQL flapping, kill -9", modes: []string{alo}, forward: true, run: chaosForwardFlapping},
 		{name: "ambiguous EndTxn, TxnOffsetCommit", modes: []string{eos}, run: chaosAmbiguous},
+		{name: "offsets moved forward", modes: both, run: chaosOffsetsForward},
 	}
 }
 
@@ -620,4 +676,92 @@ func chaosAmbiguous(c *chaosRun) {
 	if n, err := s.metric("dam_delivery_errors_total"); err != nil || n == 0 {
 		c.t.Errorf("dam_delivery_errors_total = %v (%v): the late replies failed no transaction", n, err)
 	}
+}
+
+// chaosOffsetsForward: an operator moves the group's offsets forward by
+// hand, while dam is stopped (an operator can only when the group is
+// empty) and records keep coming: for two to four partitions, from dam's
+// progress P to anywhere up to what was produced meanwhile; then dam
+// starts again under load. 2 times (5 full). dam must decide the skipped
+// records without forwarding them (a catch-up: its state brought up to
+// date with them, so that a later repeat of a skipped value is a
+// duplicate) and never commit below the moved offset, in any request.
+// The checker knows the skipped ranges: nothing of them is expected,
+// everything after them is, as the model decides it.
+func chaosOffsetsForward(c *chaosRun) {
+	floors := c.watchCommits()
+	s := c.startOne(30 * time.Second)
+	c.startLoad(sized(12000, 90000), sized(24*time.Second, 150*time.Second))
+	skipped := map[int32][]span{}
+	for range sized(2, 5) {
+		time.Sleep(sized(3*time.Second, 15*time.Second) + time.Duration(rand.IntN(2000))*time.Millisecond)
+		if took, err := s.term(s.grace + 5*time.Second); err != nil {
+			c.t.Errorf("a: exit %v after SIGTERM (%s)", err, took.Round(time.Millisecond))
+		}
+		prog := c.stoppedCleanly()
+		time.Sleep(time.Duration(1000+rand.IntN(1000)) * time.Millisecond) // records keep coming
+		ends := c.endOffsets()
+		moved := map[int32]int64{}
+		caughtUp := int64(0)
+		for _, p := range rand.Perm(partitions)[:2+rand.IntN(3)] {
+			p := int32(p)
+			if ends[p] <= prog[p] {
+				continue
+			}
+			to := prog[p] + 1 + rand.Int64N(ends[p]-prog[p])
+			moved[p] = to
+			skipped[p] = append(skipped[p], span{prog[p], to})
+			caughtUp += to - prog[p]
+		}
+		if len(moved) == 0 {
+			c.t.Fatalf("nothing produced while dam was stopped (progress %v, ends %v)", prog, ends)
+		}
+		floors.raise(moved)
+		c.moveOffsets(moved)
+		c.inert++ // a clean stop: nothing to deliver again
+		c.fault(fmt.Sprintf("offsets moved forward by hand while stopped, %d records skipped (partition: progress -> moved to: %s)", caughtUp, movedString(prog, moved)))
+		s.start()
+		c.recovered(time.Now(), s)
+		// The catch-up: recovery planned it (catch_up_to), and the skipped
+		// records were decided, each once, none forwarded.
+		for p, to := range moved {
+			re := regexp.MustCompile(fmt.Sprintf(`"partition assigned".*"partition":%d,"epoch":\d+,"progress":%d,"committed":%d,"catch_up_to":%d[,}]`, p, prog[p], to, to))
+			if !s.currentLogMatches(re) {
+				c.t.Errorf("partition %d: no recovery planning a catch-up from %d to %d in the log (%s)", p, prog[p], to, re)
+			}
+		}
+		var got float64
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			got, _ = s.metric("dam_records_total", "outcome", "caught_up")
+			if got >= float64(caughtUp) || time.Now().After(deadline) {
+				break
+			}
+		}
+		if time.Sleep(time.Second); got != float64(caughtUp) {
+			c.t.Errorf("dam_records_total{outcome=\"caught_up\"} = %v, want the %d records skipped", got, caughtUp)
+		}
+	}
+	rc := defaultCheck
+	rc.skipped = skipped
+	c.checks = []chaosCheck{{rc, c.load}}
+	c.finally = append(c.finally, func() {
+		checked, below := floors.result()
+		c.t.Logf("%d offset commits of moved partitions seen by the broker", checked)
+		if checked == 0 {
+			c.t.Error("the broker saw no offset commit of a moved partition: the floor was never checked")
+		}
+		for _, b := range below {
+			c.t.Errorf("dam committed below a moved offset: %s", b)
+		}
+	})
+}
+
+func movedString(prog, moved map[int32]int64) string {
+	var parts []string
+	for p := range int32(partitions) {
+		if to, ok := moved[p]; ok {
+			parts = append(parts, fmt.Sprintf("%d: %d -> %d", p, prog[p], to))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
