@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -20,6 +21,7 @@ import (
 	"github.com/dam-dedup/dam/internal/pglocal"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/tcpproxy"
+	"github.com/dam-dedup/dam/internal/testkafka"
 )
 
 // The chaos suite: each scenario injects one kind of fault, many times,
@@ -354,6 +356,7 @@ func chaosScenarios() []scenario {
 		{name: "forward, PostgreSQL flapping, kill -9", modes: []string{alo}, forward: true, run: chaosForwardFlapping},
 		{name: "ambiguous EndTxn, TxnOffsetCommit", modes: []string{eos}, run: chaosAmbiguous},
 		{name: "offsets moved forward", modes: both, run: chaosOffsetsForward},
+		{name: "input recreated", modes: both, run: chaosRecreated},
 	}
 }
 
@@ -764,4 +767,96 @@ func movedString(prog, moved map[int32]int64) string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// chaosRecreated: the input topic deleted and created again while dam is
+// stopped (SIGTERM under load), with new records produced to it. dam must
+// halt every partition with its data-loss error naming it (/readyz 503
+// saying so, dam_halted, a log line per partition), deliver nothing of the
+// new topic, and have lost nothing it decided before. The check's input is
+// the old topic as it was before its deletion; its records produced after
+// the stop (never decided) went with it: they are a skipped range, like
+// offsets moved forward. So expected is the model's forwards of what dam
+// decided before the stop.
+func chaosRecreated(c *chaosRun) {
+	c.halts = true
+	s := c.startOne(30 * time.Second)
+	c.startLoad(sized(8000, 60000), sized(12*time.Second, 100*time.Second))
+	time.Sleep(sized(8*time.Second, 70*time.Second) + time.Duration(rand.IntN(2000))*time.Millisecond)
+	if took, err := s.term(s.grace + 5*time.Second); err != nil {
+		c.t.Errorf("a: exit %v after SIGTERM (%s)", err, took.Round(time.Millisecond))
+	}
+	c.inert++
+	c.load.wait(2 * time.Minute)
+	prog := c.stoppedCleanly()
+	old, err := testkafka.ReadAll(c.b.addr(), inTopic)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	ends := c.endOffsets()
+	skipped := map[int32][]span{}
+	undecided := int64(0)
+	for p, end := range ends {
+		if end > prog[p] {
+			skipped[p] = []span{{prog[p], end}}
+			undecided += end - prog[p]
+		}
+	}
+	c.recreateInput()
+	c.fault(fmt.Sprintf("input deleted (%d records, %d of them never decided) and created again while dam is stopped", len(old), undecided))
+	fresh := startLoadTo(c.t, c.b.addr(), inTopic, sized(2000, 10000), sized(4*time.Second, 15*time.Second), projectionsOf(2000, "new"))
+	c.extraIn = fresh.n
+	s.start()
+	restarted := time.Now()
+	// Every partition halts, each saying so in the log; /readyz names one.
+	var code int
+	var body string
+	var halted float64
+	for deadline := restarted.Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		s.checkAlive()
+		code, body = s.readyBody()
+		halted, _ = s.halted()
+		all := true
+		for p := range partitions {
+			all = all && s.currentLogContains(fmt.Sprintf("pipeline: input data loss: %s/%d: ", inTopic, p))
+		}
+		if all && code == http.StatusServiceUnavailable && halted == partitions {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("within 90 s of the restart: every partition's data loss logged: %v, /readyz %d %q, dam_halted %v; want the %d partitions halted",
+				all, code, body, halted, partitions)
+		}
+	}
+	c.recovery = time.Since(restarted)
+	c.t.Logf("every partition halted %s after the restart: /readyz %d %.300q", c.recovery.Round(time.Millisecond), code, body)
+	if !strings.Contains(body, "pipeline: input data loss: "+inTopic+"/") || !strings.Contains(body, "the topic was recreated") {
+		c.t.Errorf("/readyz: %q, want dam's data-loss error naming the recreated topic and partition", body)
+	}
+	// The new records stay undelivered, and the halt holds while they come.
+	fresh.wait(2 * time.Minute)
+	time.Sleep(3 * time.Second)
+	s.checkAlive()
+	if code, body := s.readyBody(); code != http.StatusServiceUnavailable || !strings.Contains(body, "input data loss") {
+		c.t.Errorf("after the new records: /readyz %d %q, want still halted on the data loss", code, body)
+	}
+	if h, err := s.halted(); err != nil || h != partitions {
+		c.t.Errorf("after the new records: dam_halted %v (%v), want %d", h, err, partitions)
+	}
+	out, err := testkafka.ReadAll(c.b.addr(), outTopic)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	newDelivered := 0
+	for _, r := range out {
+		if bytes.HasPrefix(r.Key, []byte("new")) {
+			newDelivered++
+		}
+	}
+	if newDelivered > 0 {
+		c.t.Errorf("%d records of the recreated topic delivered, want none", newDelivered)
+	}
+	rc := defaultCheck
+	rc.input, rc.skipped = old, skipped
+	c.checks = []chaosCheck{{rc, c.load}}
 }

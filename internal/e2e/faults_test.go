@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -322,6 +323,31 @@ func (c *chaosRun) moveOffsets(to map[int32]int64) {
 	}
 }
 
+// recreateInput deletes the input topic and creates it again, empty, with
+// as many partitions: a new topic under the old name (another topic id).
+func (c *chaosRun) recreateInput() {
+	c.t.Helper()
+	ctx, cancel := opCtx()
+	defer cancel()
+	adm := c.admin()
+	if resp, err := adm.DeleteTopic(ctx, inTopic); err != nil || resp.Err != nil {
+		c.t.Fatalf("deleting %s: %v %v", inTopic, err, resp.Err)
+	}
+	for {
+		td, err := adm.ListTopics(ctx, inTopic)
+		if err == nil && !td.Has(inTopic) {
+			break
+		}
+		if ctx.Err() != nil {
+			c.t.Fatalf("%s still listed after its deletion: %v", inTopic, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if resp, err := adm.CreateTopic(ctx, partitions, 1, nil, inTopic); err != nil || resp.Err != nil {
+		c.t.Fatalf("creating %s again: %v %v", inTopic, err, resp.Err)
+	}
+}
+
 // commitFloors watches every offset commit the broker receives for the
 // group's input partitions (OffsetCommit, TxnOffsetCommit, whether or not
 // its transaction commits) and records those below the partition's floor:
@@ -399,4 +425,15 @@ func (f *commitFloors) result() (checked int, below []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.checked, slices.Clone(f.below)
+}
+
+// readyBody returns /readyz's status code and body (0 when unreachable).
+func (s *sidecar) readyBody() (int, string) {
+	resp, err := httpClient.Get("http://" + s.httpAddr + "/readyz")
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
