@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dam-dedup/dam/internal/pglocal"
@@ -357,6 +358,7 @@ func chaosScenarios() []scenario {
 		{name: "ambiguous EndTxn, TxnOffsetCommit", modes: []string{eos}, run: chaosAmbiguous},
 		{name: "offsets moved forward", modes: both, run: chaosOffsetsForward},
 		{name: "input recreated", modes: both, run: chaosRecreated},
+		{name: "poison records", modes: both, topics: windowTopics, run: chaosPoison},
 	}
 }
 
@@ -859,4 +861,128 @@ func chaosRecreated(c *chaosRun) {
 	rc := defaultCheck
 	rc.input, rc.skipped = old, skipped
 	c.checks = []chaosCheck{{rc, c.load}}
+}
+
+// windowTopics are the poison row's window route's.
+var windowTopics = []string{"in.window", "out.window", "dlq.window"}
+
+// poisonRoutes: the default route (entity: the key) and a window route
+// (the message id: header Idempotency-Key), both with a dead-letter topic.
+var poisonRoutes = defaultRoutes + `
+  - service: window
+    from: in.window
+    to: out.window
+    dead_letter: dlq.window
+    mode: window
+    window: 1h
+`
+
+// chaosPoison: poison records mixed into the load of two routes, as any
+// producer can write them: keys of 3,000 bytes (above dam's 1 KiB identity
+// limit), window message ids (Idempotency-Key) of 3,000 bytes, a duplicate
+// member name of 490,000 bytes in a value under the payload limit (keyed
+// by a live entity, whose state it must not touch), and forged dam-*
+// headers (dam-duplicate, dam-source-offset, in any case) on good and
+// poison records alike. Every poison record must be dead-lettered once,
+// with a short dam-error saying why and dam's own source headers alone;
+// the good records forwarded as the model says, without the forged
+// headers; nothing halts.
+func chaosPoison(c *chaosRun) {
+	c.routes = poisonRoutes
+	s := c.startOne(30 * time.Second)
+	n, d := sized(8000, 60000), sized(16*time.Second, 120*time.Second)
+	c.load = startLoadTo(c.t, c.b.addr(), inTopic, n, d, hostile(projections(2000), sized(400, 1000), keyPoison))
+	win := startLoadTo(c.t, c.b.addr(), "in.window", n/2, d, hostile(idempotent(), sized(200, 500), idPoison))
+	stop := make(chan struct{})
+	seen := watchHalted(s, stop)
+	c.load.wait(2 * time.Minute)
+	win.wait(2 * time.Minute)
+	// Everything decided (no fault here: each record once), then the
+	// halt watch ends.
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		s.checkAlive()
+		if got, err := s.metric("dam_records_total"); err == nil && got >= float64(n+n/2) {
+			break
+		}
+		if time.Now().After(deadline) {
+			got, err := s.metric("dam_records_total")
+			c.t.Fatalf("dam_records_total %v (%v) 2 minutes after the load, want %d", got, err, n+n/2)
+		}
+	}
+	close(stop)
+	if got := <-seen; got[0] || got[1] {
+		c.t.Errorf("poison records halted dam (dam_halted > 0 seen: %v, /readyz 503 seen: %v)", got[0], got[1])
+	}
+	for _, bad := range []string{"partition halted", "input data loss"} {
+		if s.logContains(bad) {
+			c.t.Errorf("the log says %q", bad)
+		}
+	}
+	keys := defaultCheck
+	keys.poison = func(r *kgo.Record) (string, bool) {
+		switch {
+		case len(r.Key) > 1024:
+			return "identity out of bounds", true
+		case len(r.Value) > 100_000:
+			return "duplicate member", true
+		}
+		return "", false
+	}
+	ids := modeCheck("window", windowModel)
+	ids.poison = func(r *kgo.Record) (string, bool) {
+		for _, h := range r.Headers {
+			if h.Key == "Idempotency-Key" {
+				return "identity out of bounds", len(h.Value) > 1024
+			}
+		}
+		return "", false
+	}
+	c.checks = []chaosCheck{{keys, c.load}, {ids, win}}
+}
+
+// hostile makes gen's records hostile: every every-th one is replaced by
+// a poison record (poison's i-th, made from the good one), and forged dam-*
+// headers ride on 2% of the good records and on every other poison one.
+func hostile(gen generator, every int, poison func(i, seq int, good *kgo.Record) *kgo.Record) generator {
+	return func(rng *rand.Rand, seq int) *kgo.Record {
+		r := gen(rng, seq)
+		forge := rng.Float64() < 0.02
+		if seq%every == every/2 {
+			i := seq / every
+			r, forge = poison(i, seq, r), i%2 == 1
+		}
+		if forge {
+			r.Headers = append(r.Headers,
+				kgo.RecordHeader{Key: "dam-duplicate", Value: []byte("true")},
+				kgo.RecordHeader{Key: "trace", Value: fmt.Appendf(nil, "t%d", seq)},
+				kgo.RecordHeader{Key: "dam-source-offset", Value: []byte("999999")})
+			if seq%3 == 0 {
+				r.Headers = append(r.Headers, kgo.RecordHeader{Key: "DAM-Source-Topic", Value: []byte("forged")})
+			}
+		}
+		return r
+	}
+}
+
+// longID is an identity of 3,000 bytes, unique by seq.
+func longID(prefix string, seq int) []byte {
+	b := fmt.Appendf(nil, "%s%d-", prefix, seq)
+	return append(b, bytes.Repeat([]byte("x"), 3000-len(b))...)
+}
+
+// keyPoison is the default route's poison: a key of 3,000 bytes, or (one
+// in four) a duplicate member name of 490,000 bytes in a value of 980 kB,
+// under the 1 MiB payload limit, keyed by the good record's entity.
+func keyPoison(i, seq int, good *kgo.Record) *kgo.Record {
+	if i%4 == 3 {
+		name := strings.Repeat("n", 490_000)
+		return &kgo.Record{Key: good.Key, Value: []byte(`{"` + name + `":1,"` + name + `":2}`)}
+	}
+	return &kgo.Record{Key: longID("k", seq), Value: good.Value}
+}
+
+// idPoison is the window route's: a message id of 3,000 bytes.
+func idPoison(_, seq int, good *kgo.Record) *kgo.Record {
+	return &kgo.Record{Key: fmt.Appendf(nil, "long%d", seq), Value: good.Value,
+		Headers: []kgo.RecordHeader{{Key: "Idempotency-Key", Value: longID("m", seq)}}}
 }
