@@ -895,13 +895,16 @@ func chaosPoison(c *chaosRun) {
 	win := startLoadTo(c.t, c.b.addr(), "in.window", n/2, d, hostile(idempotent(), sized(200, 500), idPoison))
 	stop := make(chan struct{})
 	seen := watchHalted(s, stop)
-	c.load.wait(2 * time.Minute)
-	win.wait(2 * time.Minute)
-	// Everything decided (no fault here: each record once), then the
-	// halt watch ends.
+	c.load.wait(d + 2*time.Minute)
+	win.wait(d + 2*time.Minute)
+	// Everything decided (no fault here: each record once), or a halt,
+	// then the halt watch ends.
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
 		s.checkAlive()
 		if got, err := s.metric("dam_records_total"); err == nil && got >= float64(n+n/2) {
+			break
+		}
+		if h, err := s.halted(); err == nil && h > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -909,14 +912,15 @@ func chaosPoison(c *chaosRun) {
 			c.t.Fatalf("dam_records_total %v (%v) 2 minutes after the load, want %d", got, err, n+n/2)
 		}
 	}
-	close(stop)
-	if got := <-seen; got[0] || got[1] {
-		c.t.Errorf("poison records halted dam (dam_halted > 0 seen: %v, /readyz 503 seen: %v)", got[0], got[1])
-	}
 	for _, bad := range []string{"partition halted", "input data loss"} {
 		if s.logContains(bad) {
 			c.t.Errorf("the log says %q", bad)
 		}
+	}
+	close(stop)
+	if got := <-seen; got[0] || got[1] {
+		_, body := s.readyBody()
+		c.t.Fatalf("poison records halted dam (dam_halted > 0 seen: %v, /readyz 503 seen: %v): /readyz %.300q", got[0], got[1], body)
 	}
 	keys := defaultCheck
 	keys.poison = func(r *kgo.Record) (string, bool) {

@@ -830,7 +830,7 @@ func (rc routeCheck) check(brokers string) (report, error) {
 		if src == nil {
 			if skipped[k][v] {
 				r.skippedDelivered++
-				problem("delivered a record the operator skipped: entity %.40s value %.60s (partition %d offset %d)", k, v, rec.Partition, rec.Offset)
+				problem("delivered a value the model forwards only in a range the operator skipped (that record, or a later repeat the caught-up state drops): entity %.40s value %.60s (partition %d offset %d)", k, v, rec.Partition, rec.Offset)
 			} else {
 				r.falseForwards++
 				problem("false forward: entity %.40s value %.60s (partition %d offset %d)", k, v, rec.Partition, rec.Offset)
