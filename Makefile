@@ -139,7 +139,7 @@ bench: ## Run the benchmarks and print ratios against same-run baselines (BASE=<
 	$(GO) run ./internal/benchreport
 
 .PHONY: chaos
-chaos: ## Run every chaos scenario at full size through the real binary (about 15 minutes) and print the table (also in chaos.txt)
+chaos: ## Run every chaos scenario at full size through the real binary (about 18 minutes) and print the table (also in chaos.txt)
 	@rm -f chaos.txt; status=0; \
 	DAM_TEST_CHAOS=full DAM_TEST_CHAOS_TABLE=$(CURDIR)/chaos.txt $(GO) test -tags $(TEST_TAGS) -count=1 -timeout 80m -run '^TestChaos$$' ./internal/e2e || status=$$?; \
 	if [ -f chaos.txt ]; then cat chaos.txt; else echo "chaos: no table written"; fi; exit $$status

@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,11 +16,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dam-dedup/dam/internal/pglocal"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/tcpproxy"
+	"github.com/dam-dedup/dam/internal/testkafka"
 )
 
 // The chaos suite: each scenario injects one kind of fault, many times,
@@ -55,7 +59,9 @@ type scenario struct {
 	// (on_store_failure: forward), so repeats are expected beyond the
 	// in-flight bound.
 	forward bool
-	run     func(c *chaosRun)
+	// topics are created on the broker beside the default route's.
+	topics []string
+	run    func(c *chaosRun)
 }
 
 // chaosRun is one scenario in one mode: its broker, its PostgreSQL and
@@ -75,9 +81,32 @@ type chaosRun struct {
 	zombie          *sidecar
 	zombieRestarted bool
 
+	// routes is the sidecars' routes (YAML); "": the default route.
+	routes string
+	// checks are the routes the final check compares with their models,
+	// each with its load; none: the default route and load.
+	checks []chaosCheck
+	// inert counts the faults that may re-deliver nothing (a clean stop,
+	// a poison record): at-least-once's bound allows for the others.
+	inert int
+	// extraIn counts records in that no check reads (a recreated input's
+	// new records).
+	extraIn int
+	// halts: the scenario ends with its partitions halted, by design;
+	// recovery is then the time until the halt is reported.
+	halts bool
+	// finally are checks the scenario leaves for after the final check.
+	finally []func()
+
 	mu       sync.Mutex
 	faults   int
 	recovery time.Duration
+}
+
+// chaosCheck is one route of the final check and its load.
+type chaosCheck struct {
+	rc   routeCheck
+	load *loadgen
 }
 
 // restartIfFenced restarts s if it is the zombie and has exited: naming a
@@ -102,7 +131,7 @@ func (c *chaosRun) restartIfFenced(s *sidecar) bool {
 
 // sidecar makes a dam process of this run.
 func (c *chaosRun) sidecar(name string) *sidecar {
-	o := sidecarOpts{brokers: c.b.addr(), dsn: c.dsn, delivery: c.delivery, maxInFlight: chaosInFlight}
+	o := sidecarOpts{brokers: c.b.addr(), dsn: c.dsn, delivery: c.delivery, maxInFlight: chaosInFlight, routes: c.routes}
 	if c.forward {
 		o.routes = defaultRoutes + "    on_store_failure: forward\n"
 	}
@@ -187,7 +216,19 @@ type chaosRow struct {
 	extra, bound       int // bound < 0: none documented
 	faults             int
 	recovery           time.Duration
+	halts              bool // recovery is the time to report a halt
 	failed             bool
+}
+
+func (r chaosRow) recovered() string {
+	d := r.recovery.Round(100 * time.Millisecond).String()
+	switch {
+	case r.halts:
+		return "halted after " + d
+	case r.recovery == 0:
+		return "n/a" // nothing to recover from (poison records)
+	}
+	return d
 }
 
 func (r chaosRow) beyond() string {
@@ -241,7 +282,7 @@ func TestChaos(t *testing.T) {
 			res = " FAILED"
 		}
 		fmt.Fprintf(tw, "%s%s\t%s\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t\n", r.scenario, res, r.delivery, r.in, r.expected,
-			r.delivered, r.lost, r.beyond(), r.faults, r.recovery.Round(100*time.Millisecond))
+			r.delivered, r.lost, r.beyond(), r.faults, r.recovered())
 	}
 	tw.Flush()
 	t.Log("\n" + sb.String())
@@ -253,11 +294,11 @@ func TestChaos(t *testing.T) {
 }
 
 // runScenario runs one row and checks the output: nothing lost, nothing
-// forwarded that the model drops, per-entity order, no dead letter, and no
-// repeat in exactly-once mode (read_committed) or beyond the in-flight
-// bound in at-least-once mode.
+// forwarded that the model drops, per-entity order, no dead letter but
+// those of poison records, and no repeat in exactly-once mode
+// (read_committed) or beyond the in-flight bound in at-least-once mode.
 func runScenario(t *testing.T, sc scenario, mode string, row *chaosRow) {
-	c := &chaosRun{t: t, delivery: mode, forward: sc.forward, b: newBroker(t, true), dsn: pgtest.DSN(t)}
+	c := &chaosRun{t: t, delivery: mode, forward: sc.forward, b: newBroker(t, true, sc.topics...), dsn: pgtest.DSN(t)}
 	defer func() {
 		if t.Failed() {
 			row.failed = true
@@ -267,23 +308,40 @@ func runScenario(t *testing.T, sc scenario, mode string, row *chaosRow) {
 	if c.load == nil {
 		t.Fatal("the scenario started no load")
 	}
-	c.load.wait(5 * time.Minute)
-	r := waitDelivered(t, c.b.addr(), 3*time.Minute, c.alive...)
-	row.in, row.expected, row.delivered, row.lost, row.extra = r.input, r.forwards, r.delivered, r.lost, r.extra
-	row.faults, row.recovery = c.faults, c.recovery
+	checks := c.checks
+	if len(checks) == 0 {
+		checks = []chaosCheck{{defaultCheck, c.load}}
+	}
+	for _, ch := range checks {
+		ch.load.wait(5 * time.Minute)
+	}
 	// At-least-once: each fault may deliver again what was in flight,
 	// max_in_flight records per assigned partition.
-	row.bound = c.faults * chaosInFlight * partitions
+	row.bound = (c.faults - c.inert) * chaosInFlight * partitions
 	switch {
 	case sc.forward:
 		row.bound = -1
 	case mode == eos:
 		row.bound = 0
 	}
-	t.Logf("%s: %d faults, longest recovery %s", r, c.faults, c.recovery.Round(time.Millisecond))
-	assertReport(t, r, c.load, row.bound)
-	if c.faults == 0 {
+	row.in, row.faults, row.recovery, row.halts = c.extraIn, c.faults, c.recovery, c.halts
+	for _, ch := range checks {
+		r := waitDeliveredRoute(t, c.b.addr(), ch.rc, 3*time.Minute, c.alive...)
+		row.in += r.input
+		row.expected += r.forwards
+		row.delivered += r.delivered
+		row.lost += r.lost + r.deadMissing
+		row.extra += r.extra + r.deadExtra
+		// Every record of a hostile load is a fault of its own.
+		row.faults += r.poison + r.forged
+		assertReport(t, r, ch.load, row.bound)
+	}
+	t.Logf("%d faults, longest recovery %s", row.faults, c.recovery.Round(time.Millisecond))
+	if row.faults == 0 {
 		t.Error("the scenario injected no fault")
+	}
+	for _, f := range c.finally {
+		f()
 	}
 }
 
@@ -298,6 +356,9 @@ func chaosScenarios() []scenario {
 		{name: "rebalance storm", modes: both, run: chaosStorm},
 		{name: "forward, PostgreSQL flapping, kill -9", modes: []string{alo}, forward: true, run: chaosForwardFlapping},
 		{name: "ambiguous EndTxn, TxnOffsetCommit", modes: []string{eos}, run: chaosAmbiguous},
+		{name: "offsets moved forward", modes: both, run: chaosOffsetsForward},
+		{name: "input recreated", modes: both, run: chaosRecreated},
+		{name: "poison records", modes: both, topics: windowTopics, run: chaosPoison},
 	}
 }
 
@@ -620,4 +681,312 @@ func chaosAmbiguous(c *chaosRun) {
 	if n, err := s.metric("dam_delivery_errors_total"); err != nil || n == 0 {
 		c.t.Errorf("dam_delivery_errors_total = %v (%v): the late replies failed no transaction", n, err)
 	}
+}
+
+// chaosOffsetsForward: an operator moves the group's offsets forward by
+// hand, while dam is stopped (an operator can only when the group is
+// empty) and records keep coming: for two to four partitions, from dam's
+// progress P to anywhere up to what was produced meanwhile; then dam
+// starts again under load. 2 times (5 full). dam must decide the skipped
+// records without forwarding them (a catch-up: its state brought up to
+// date with them, so that a later repeat of a skipped value is a
+// duplicate) and never commit below the moved offset, in any request.
+// The checker knows the skipped ranges: nothing of them is expected,
+// everything after them is, as the model decides it.
+func chaosOffsetsForward(c *chaosRun) {
+	floors := c.watchCommits()
+	s := c.startOne(30 * time.Second)
+	c.startLoad(sized(12000, 90000), sized(24*time.Second, 150*time.Second))
+	skipped := map[int32][]span{}
+	for range sized(2, 5) {
+		time.Sleep(sized(3*time.Second, 15*time.Second) + time.Duration(rand.IntN(2000))*time.Millisecond)
+		if took, err := s.term(s.grace + 5*time.Second); err != nil {
+			c.t.Errorf("a: exit %v after SIGTERM (%s)", err, took.Round(time.Millisecond))
+		}
+		prog := c.stoppedCleanly()
+		time.Sleep(time.Duration(1000+rand.IntN(1000)) * time.Millisecond) // records keep coming
+		ends := c.endOffsets()
+		moved := map[int32]int64{}
+		caughtUp := int64(0)
+		for _, p := range rand.Perm(partitions)[:2+rand.IntN(3)] {
+			p := int32(p)
+			if ends[p] <= prog[p] {
+				continue
+			}
+			to := prog[p] + 1 + rand.Int64N(ends[p]-prog[p])
+			moved[p] = to
+			skipped[p] = append(skipped[p], span{prog[p], to})
+			caughtUp += to - prog[p]
+		}
+		if len(moved) == 0 {
+			c.t.Fatalf("nothing produced while dam was stopped (progress %v, ends %v)", prog, ends)
+		}
+		floors.raise(moved)
+		c.moveOffsets(moved)
+		c.inert++ // a clean stop: nothing to deliver again
+		c.fault(fmt.Sprintf("offsets moved forward by hand while stopped, %d records skipped (partition: progress -> moved to: %s)", caughtUp, movedString(prog, moved)))
+		s.start()
+		c.recovered(time.Now(), s)
+		// The catch-up: recovery planned it (catch_up_to), and the skipped
+		// records were decided, each once, none forwarded.
+		for p, to := range moved {
+			re := regexp.MustCompile(fmt.Sprintf(`"partition assigned".*"partition":%d,"epoch":\d+,"progress":%d,"committed":%d,"catch_up_to":%d[,}]`, p, prog[p], to, to))
+			if !s.currentLogMatches(re) {
+				c.t.Errorf("partition %d: no recovery planning a catch-up from %d to %d in the log (%s)", p, prog[p], to, re)
+			}
+		}
+		var got float64
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			got, _ = s.metric("dam_records_total", "outcome", "caught_up")
+			if got >= float64(caughtUp) || time.Now().After(deadline) {
+				break
+			}
+		}
+		if time.Sleep(time.Second); got != float64(caughtUp) {
+			c.t.Errorf("dam_records_total{outcome=\"caught_up\"} = %v, want the %d records skipped", got, caughtUp)
+		}
+	}
+	rc := defaultCheck
+	rc.skipped = skipped
+	c.checks = []chaosCheck{{rc, c.load}}
+	c.finally = append(c.finally, func() {
+		checked, below := floors.result()
+		c.t.Logf("%d offset commits of moved partitions seen by the broker", checked)
+		if checked == 0 {
+			c.t.Error("the broker saw no offset commit of a moved partition: the floor was never checked")
+		}
+		for _, b := range below {
+			c.t.Errorf("dam committed below a moved offset: %s", b)
+		}
+	})
+}
+
+func movedString(prog, moved map[int32]int64) string {
+	var parts []string
+	for p := range int32(partitions) {
+		if to, ok := moved[p]; ok {
+			parts = append(parts, fmt.Sprintf("%d: %d -> %d", p, prog[p], to))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// chaosRecreated: the input topic deleted and created again while dam is
+// stopped (SIGTERM under load), with new records produced to it. dam must
+// halt every partition with its data-loss error naming it (/readyz 503
+// saying so, dam_halted, a log line per partition), deliver nothing of the
+// new topic, and have lost nothing it decided before. The check's input is
+// the old topic as it was before its deletion; its records produced after
+// the stop (never decided) went with it: they are a skipped range, like
+// offsets moved forward. So expected is the model's forwards of what dam
+// decided before the stop.
+func chaosRecreated(c *chaosRun) {
+	c.halts = true
+	s := c.startOne(30 * time.Second)
+	c.startLoad(sized(8000, 60000), sized(12*time.Second, 100*time.Second))
+	time.Sleep(sized(8*time.Second, 70*time.Second) + time.Duration(rand.IntN(2000))*time.Millisecond)
+	if took, err := s.term(s.grace + 5*time.Second); err != nil {
+		c.t.Errorf("a: exit %v after SIGTERM (%s)", err, took.Round(time.Millisecond))
+	}
+	c.inert++
+	c.load.wait(2 * time.Minute)
+	prog := c.stoppedCleanly()
+	old, err := testkafka.ReadAll(c.b.addr(), inTopic)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	ends := c.endOffsets()
+	skipped := map[int32][]span{}
+	undecided := int64(0)
+	for p, end := range ends {
+		if end > prog[p] {
+			skipped[p] = []span{{prog[p], end}}
+			undecided += end - prog[p]
+		}
+	}
+	c.recreateInput()
+	c.fault(fmt.Sprintf("input deleted (%d records, %d of them never decided) and created again while dam is stopped", len(old), undecided))
+	fresh := startLoadTo(c.t, c.b.addr(), inTopic, sized(2000, 10000), sized(4*time.Second, 15*time.Second), projectionsOf(2000, "new"))
+	c.extraIn = fresh.n
+	s.start()
+	restarted := time.Now()
+	// Every partition halts, each saying so in the log; /readyz names one.
+	var code int
+	var body string
+	var halted float64
+	for deadline := restarted.Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		s.checkAlive()
+		code, body = s.readyBody()
+		halted, _ = s.halted()
+		all := true
+		for p := range partitions {
+			all = all && s.currentLogContains(fmt.Sprintf("pipeline: input data loss: %s/%d: ", inTopic, p))
+		}
+		if all && code == http.StatusServiceUnavailable && halted == partitions {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("within 90 s of the restart: every partition's data loss logged: %v, /readyz %d %q, dam_halted %v; want the %d partitions halted",
+				all, code, body, halted, partitions)
+		}
+	}
+	c.recovery = time.Since(restarted)
+	c.t.Logf("every partition halted %s after the restart: /readyz %d %.300q", c.recovery.Round(time.Millisecond), code, body)
+	if !strings.Contains(body, "pipeline: input data loss: "+inTopic+"/") || !strings.Contains(body, "the topic was recreated") {
+		c.t.Errorf("/readyz: %q, want dam's data-loss error naming the recreated topic and partition", body)
+	}
+	// The new records stay undelivered, and the halt holds while they come.
+	fresh.wait(2 * time.Minute)
+	time.Sleep(3 * time.Second)
+	s.checkAlive()
+	if code, body := s.readyBody(); code != http.StatusServiceUnavailable || !strings.Contains(body, "input data loss") {
+		c.t.Errorf("after the new records: /readyz %d %q, want still halted on the data loss", code, body)
+	}
+	if h, err := s.halted(); err != nil || h != partitions {
+		c.t.Errorf("after the new records: dam_halted %v (%v), want %d", h, err, partitions)
+	}
+	out, err := testkafka.ReadAll(c.b.addr(), outTopic)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	newDelivered := 0
+	for _, r := range out {
+		if bytes.HasPrefix(r.Key, []byte("new")) {
+			newDelivered++
+		}
+	}
+	if newDelivered > 0 {
+		c.t.Errorf("%d records of the recreated topic delivered, want none", newDelivered)
+	}
+	rc := defaultCheck
+	rc.input, rc.skipped = old, skipped
+	c.checks = []chaosCheck{{rc, c.load}}
+}
+
+// windowTopics are the poison row's window route's.
+var windowTopics = []string{"in.window", "out.window", "dlq.window"}
+
+// poisonRoutes: the default route (entity: the key) and a window route
+// (the message id: header Idempotency-Key), both with a dead-letter topic.
+var poisonRoutes = defaultRoutes + `
+  - service: window
+    from: in.window
+    to: out.window
+    dead_letter: dlq.window
+    mode: window
+    window: 1h
+`
+
+// chaosPoison: poison records mixed into the load of two routes, as any
+// producer can write them: keys of 3,000 bytes (above dam's 1 KiB identity
+// limit), window message ids (Idempotency-Key) of 3,000 bytes, a duplicate
+// member name of 490,000 bytes in a value under the payload limit (keyed
+// by a live entity, whose state it must not touch), and forged dam-*
+// headers (dam-duplicate, dam-source-offset, in any case) on good and
+// poison records alike. Every poison record must be dead-lettered once,
+// with a short dam-error saying why and dam's own source headers alone;
+// the good records forwarded as the model says, without the forged
+// headers; nothing halts.
+func chaosPoison(c *chaosRun) {
+	c.routes = poisonRoutes
+	s := c.startOne(30 * time.Second)
+	n, d := sized(8000, 60000), sized(16*time.Second, 120*time.Second)
+	c.load = startLoadTo(c.t, c.b.addr(), inTopic, n, d, hostile(projections(2000), sized(400, 1000), keyPoison))
+	win := startLoadTo(c.t, c.b.addr(), "in.window", n/2, d, hostile(idempotent(), sized(200, 500), idPoison))
+	stop := make(chan struct{})
+	seen := watchHalted(s, stop)
+	c.load.wait(d + 2*time.Minute)
+	win.wait(d + 2*time.Minute)
+	// Everything decided (no fault here: each record once), or a halt,
+	// then the halt watch ends.
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		s.checkAlive()
+		if got, err := s.metric("dam_records_total"); err == nil && got >= float64(n+n/2) {
+			break
+		}
+		if h, err := s.halted(); err == nil && h > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			got, err := s.metric("dam_records_total")
+			c.t.Fatalf("dam_records_total %v (%v) 2 minutes after the load, want %d", got, err, n+n/2)
+		}
+	}
+	for _, bad := range []string{"partition halted", "input data loss"} {
+		if s.logContains(bad) {
+			c.t.Errorf("the log says %q", bad)
+		}
+	}
+	close(stop)
+	if got := <-seen; got[0] || got[1] {
+		_, body := s.readyBody()
+		c.t.Fatalf("poison records halted dam (dam_halted > 0 seen: %v, /readyz 503 seen: %v): /readyz %.300q", got[0], got[1], body)
+	}
+	keys := defaultCheck
+	keys.poison = func(r *kgo.Record) (string, bool) {
+		switch {
+		case len(r.Key) > 1024:
+			return "identity out of bounds", true
+		case len(r.Value) > 100_000:
+			return "duplicate member", true
+		}
+		return "", false
+	}
+	ids := modeCheck("window", windowModel)
+	ids.poison = func(r *kgo.Record) (string, bool) {
+		for _, h := range r.Headers {
+			if h.Key == "Idempotency-Key" {
+				return "identity out of bounds", len(h.Value) > 1024
+			}
+		}
+		return "", false
+	}
+	c.checks = []chaosCheck{{keys, c.load}, {ids, win}}
+}
+
+// hostile makes gen's records hostile: every every-th one is replaced by
+// a poison record (poison's i-th, made from the good one), and forged dam-*
+// headers ride on 2% of the good records and on every other poison one.
+func hostile(gen generator, every int, poison func(i, seq int, good *kgo.Record) *kgo.Record) generator {
+	return func(rng *rand.Rand, seq int) *kgo.Record {
+		r := gen(rng, seq)
+		forge := rng.Float64() < 0.02
+		if seq%every == every/2 {
+			i := seq / every
+			r, forge = poison(i, seq, r), i%2 == 1
+		}
+		if forge {
+			r.Headers = append(r.Headers,
+				kgo.RecordHeader{Key: "dam-duplicate", Value: []byte("true")},
+				kgo.RecordHeader{Key: "trace", Value: fmt.Appendf(nil, "t%d", seq)},
+				kgo.RecordHeader{Key: "dam-source-offset", Value: []byte("999999")})
+			if seq%3 == 0 {
+				r.Headers = append(r.Headers, kgo.RecordHeader{Key: "DAM-Source-Topic", Value: []byte("forged")})
+			}
+		}
+		return r
+	}
+}
+
+// longID is an identity of 3,000 bytes, unique by seq.
+func longID(prefix string, seq int) []byte {
+	b := fmt.Appendf(nil, "%s%d-", prefix, seq)
+	return append(b, bytes.Repeat([]byte("x"), 3000-len(b))...)
+}
+
+// keyPoison is the default route's poison: a key of 3,000 bytes, or (one
+// in four) a duplicate member name of 490,000 bytes in a value of 980 kB,
+// under the 1 MiB payload limit, keyed by the good record's entity.
+func keyPoison(i, seq int, good *kgo.Record) *kgo.Record {
+	if i%4 == 3 {
+		name := strings.Repeat("n", 490_000)
+		return &kgo.Record{Key: good.Key, Value: []byte(`{"` + name + `":1,"` + name + `":2}`)}
+	}
+	return &kgo.Record{Key: longID("k", seq), Value: good.Value}
+}
+
+// idPoison is the window route's: a message id of 3,000 bytes.
+func idPoison(_, seq int, good *kgo.Record) *kgo.Record {
+	return &kgo.Record{Key: fmt.Appendf(nil, "long%d", seq), Value: good.Value,
+		Headers: []kgo.RecordHeader{{Key: "Idempotency-Key", Value: longID("m", seq)}}}
 }

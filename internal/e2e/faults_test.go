@@ -1,16 +1,24 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // faultNet sits between the broker and its clients (kfake.ListenFn): the
@@ -177,4 +185,255 @@ func watchHalted(s *sidecar, stop <-chan struct{}) <-chan [2]bool {
 		}
 	}()
 	return res
+}
+
+// The operator's side of the chaos rows: what a person does to the group
+// and the input topic with Kafka's admin API, and what dam's progress in
+// PostgreSQL says.
+
+const group = "dam-e2e" // the sidecars' kafka.group
+
+// admin returns an admin client of the run's broker, closed at cleanup.
+func (c *chaosRun) admin() *kadm.Client {
+	c.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.b.addr()))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
+}
+
+func opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 30*time.Second)
+}
+
+// committed returns the group's committed offsets of the input topic.
+func (c *chaosRun) committed() map[int32]int64 {
+	c.t.Helper()
+	ctx, cancel := opCtx()
+	defer cancel()
+	resps, err := c.admin().FetchOffsetsForTopics(kadm.RequireStable(ctx), group, inTopic)
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
+		c.t.Fatalf("fetching the committed offsets: %v", err)
+	}
+	out := map[int32]int64{}
+	resps.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == inTopic && o.At >= 0 {
+			out[o.Partition] = o.At
+		}
+	})
+	return out
+}
+
+// endOffsets returns the input topic's end offsets.
+func (c *chaosRun) endOffsets() map[int32]int64 {
+	c.t.Helper()
+	ctx, cancel := opCtx()
+	defer cancel()
+	ends, err := c.admin().ListEndOffsets(ctx, inTopic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		c.t.Fatalf("listing the end offsets: %v", err)
+	}
+	out := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
+	return out
+}
+
+// progress returns dam's progress P (next offset to decide) of each input
+// partition, from PostgreSQL.
+func (c *chaosRun) progress() map[int32]int64 {
+	c.t.Helper()
+	ctx, cancel := opCtx()
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.dsn)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT part, next_offset FROM progress WHERE grp = $1 AND topic = $2 AND next_offset IS NOT NULL`, group, inTopic)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	out := map[int32]int64{}
+	var part int32
+	var next int64
+	if _, err := pgx.ForEachRow(rows, []any{&part, &next}, func() error { out[part] = next; return nil }); err != nil {
+		c.t.Fatal(err)
+	}
+	return out
+}
+
+// stoppedCleanly checks, after a SIGTERM, that every partition's committed
+// offset is dam's progress (docs/delivery.md: a clean stop delivers and
+// commits what it decided), and returns that position.
+func (c *chaosRun) stoppedCleanly() map[int32]int64 {
+	c.t.Helper()
+	prog, comm := c.progress(), c.committed()
+	for p := range int32(partitions) {
+		if prog[p] != comm[p] {
+			c.t.Errorf("after a clean stop partition %d is committed at %d, decided up to %d", p, comm[p], prog[p])
+		}
+	}
+	return prog
+}
+
+// moveOffsets commits offsets of the input topic for the group, as an
+// operator does (kafka-consumer-groups --reset-offsets): only while the
+// group is empty, so it waits for the stopped members to be gone.
+func (c *chaosRun) moveOffsets(to map[int32]int64) {
+	c.t.Helper()
+	ctx, cancel := opCtx()
+	defer cancel()
+	adm := c.admin()
+	offs := kadm.Offsets{}
+	for p, o := range to {
+		offs.Add(kadm.Offset{Topic: inTopic, Partition: p, At: o, LeaderEpoch: -1})
+	}
+	for {
+		var err error
+		var groups kadm.DescribedGroups
+		if groups, err = adm.DescribeGroups(ctx, group); err == nil {
+			if g := groups[group]; g.Err != nil {
+				err = g.Err
+			} else if g.State != "Empty" {
+				err = fmt.Errorf("group %s is %s, with %d members", group, g.State, len(g.Members))
+			}
+		}
+		if err == nil {
+			var resps kadm.OffsetResponses
+			if resps, err = adm.CommitOffsets(ctx, group, offs); err == nil {
+				err = resps.Error()
+			}
+			if err == nil {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			c.t.Fatalf("moving the offsets of %s: %v", group, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// recreateInput deletes the input topic and creates it again, empty, with
+// as many partitions: a new topic under the old name (another topic id).
+func (c *chaosRun) recreateInput() {
+	c.t.Helper()
+	ctx, cancel := opCtx()
+	defer cancel()
+	adm := c.admin()
+	if resp, err := adm.DeleteTopic(ctx, inTopic); err != nil || resp.Err != nil {
+		c.t.Fatalf("deleting %s: %v %v", inTopic, err, resp.Err)
+	}
+	for {
+		td, err := adm.ListTopics(ctx, inTopic)
+		if err == nil && !td.Has(inTopic) {
+			break
+		}
+		if ctx.Err() != nil {
+			c.t.Fatalf("%s still listed after its deletion: %v", inTopic, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if resp, err := adm.CreateTopic(ctx, partitions, 1, nil, inTopic); err != nil || resp.Err != nil {
+		c.t.Fatalf("creating %s again: %v %v", inTopic, err, resp.Err)
+	}
+}
+
+// commitFloors watches every offset commit the broker receives for the
+// group's input partitions (OffsetCommit, TxnOffsetCommit, whether or not
+// its transaction commits) and records those below the partition's floor:
+// the offset an operator moved it forward to, below which dam must never
+// commit (docs/delivery.md: a catch-up commits nothing below C).
+type commitFloors struct {
+	topicID [16]byte
+	mu      sync.Mutex
+	floor   map[int32]int64
+	checked int      // commits of a partition with a floor
+	below   []string // the commits below it
+}
+
+func (c *chaosRun) watchCommits() *commitFloors {
+	c.t.Helper()
+	ctx, cancel := opCtx()
+	defer cancel()
+	td, err := c.admin().ListTopics(ctx, inTopic)
+	if err != nil || !td.Has(inTopic) {
+		c.t.Fatalf("listing %s: %v", inTopic, err)
+	}
+	f := &commitFloors{topicID: td[inTopic].ID, floor: map[int32]int64{}}
+	see := func(kind string, topic string, id [16]byte, part int32, offset int64) {
+		if topic != inTopic && id != f.topicID {
+			return
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		fl, ok := f.floor[part]
+		if !ok {
+			return
+		}
+		f.checked++
+		if offset < fl && len(f.below) < 20 {
+			f.below = append(f.below, fmt.Sprintf("%s of partition %d at %d, below the offset %d it was moved to", kind, part, offset, fl))
+		}
+	}
+	observe := func(req kmsg.Request) (kmsg.Response, error, bool) {
+		switch req := req.(type) {
+		case *kmsg.OffsetCommitRequest:
+			if req.Group == group {
+				for _, t := range req.Topics {
+					for _, p := range t.Partitions {
+						see("OffsetCommit", t.Topic, t.TopicID, p.Partition, p.Offset)
+					}
+				}
+			}
+		case *kmsg.TxnOffsetCommitRequest:
+			if req.Group == group {
+				for _, t := range req.Topics {
+					for _, p := range t.Partitions {
+						see("TxnOffsetCommit", t.Topic, t.TopicID, p.Partition, p.Offset)
+					}
+				}
+			}
+		}
+		return nil, nil, false // observe only: the broker handles it
+	}
+	cl := c.b.cluster()
+	cl.ControlKey(int16(kmsg.OffsetCommit), observe)
+	cl.ControlKey(int16(kmsg.TxnOffsetCommit), observe)
+	return f
+}
+
+// raise sets the floors of the partitions moved.
+func (f *commitFloors) raise(to map[int32]int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for p, o := range to {
+		f.floor[p] = max(f.floor[p], o)
+	}
+}
+
+func (f *commitFloors) result() (checked int, below []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.checked, slices.Clone(f.below)
+}
+
+// readyBody returns /readyz's status code and body (0 when unreachable).
+func (s *sidecar) readyBody() (int, string) {
+	resp, err := httpClient.Get("http://" + s.httpAddr + "/readyz")
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

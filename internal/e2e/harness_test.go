@@ -22,6 +22,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -418,6 +420,19 @@ func (s *sidecar) logContains(sub string) bool {
 	return false
 }
 
+// currentLogMatches reports whether the log of the current (or last)
+// process matches re.
+func (s *sidecar) currentLogMatches(re *regexp.Regexp) bool {
+	s.mu.Lock()
+	var p string
+	if len(s.logs) > 0 {
+		p = s.logs[len(s.logs)-1]
+	}
+	s.mu.Unlock()
+	data, err := os.ReadFile(p)
+	return err == nil && re.Match(data)
+}
+
 // currentLogContains reports whether the log of the current (or last)
 // process has a line containing sub.
 func (s *sidecar) currentLogContains(sub string) bool {
@@ -535,7 +550,10 @@ func startLoadTo(t *testing.T, brokers, topic string, n int, d time.Duration, ge
 
 // projections is last-seen's stream: records keyed by entity whose value
 // repeats the entity's previous value 30% of the time.
-func projections(entities int) generator {
+func projections(entities int) generator { return projectionsOf(entities, "k") }
+
+// projectionsOf is projections with keys named prefix + entity number.
+func projectionsOf(entities int, prefix string) generator {
 	last := make([][]byte, entities)
 	version := make([]int, entities)
 	pad := strings.Repeat("x", 150)
@@ -543,9 +561,9 @@ func projections(entities int) generator {
 		e := rng.IntN(entities)
 		if last[e] == nil || rng.Float64() >= 0.3 {
 			version[e]++
-			last[e] = fmt.Appendf(nil, `{"e":"k%d","v":%d,"seq":%d,"pad":%q}`, e, version[e], seq, pad)
+			last[e] = fmt.Appendf(nil, `{"e":"%s%d","v":%d,"seq":%d,"pad":%q}`, prefix, e, version[e], seq, pad)
 		}
-		return &kgo.Record{Key: fmt.Appendf(nil, "k%d", e), Value: last[e]}
+		return &kgo.Record{Key: fmt.Appendf(nil, "%s%d", prefix, e), Value: last[e]}
 	}
 }
 
@@ -608,18 +626,44 @@ func (g *loadgen) wait(limit time.Duration) {
 
 // report is the checker's result.
 type report struct {
+	topic           string // the input's
 	input, forwards int
 	delivered       int // records in the output topic, repeats included
 	lost, extra     int
 	falseForwards   int
 	orderErrors     int
-	dead            int
-	firstProblems   []string
+	// skipped: the model's forwards in ranges the operator skipped (not
+	// expected); skippedDelivered: of them, delivered all the same;
+	// skippedRepeats: later records repeating them, which only a state
+	// brought up to date by the catch-up drops.
+	skipped, skippedDelivered, skippedRepeats int
+	// headerErrors: forwards whose headers are not their input's less
+	// the dam-* ones.
+	headerErrors int
+	// dead letters: dead, in the dead-letter topic; poison, bad input
+	// records (each must have one); forged, input records carrying dam-*
+	// headers; deadMissing, poison records not dead-lettered (yet);
+	// deadWrong, dead letters of good records or not as documented
+	// (source headers, dam-error, key, value); deadExtra, a poison
+	// record's dead letter again.
+	dead, poison, forged              int
+	deadMissing, deadWrong, deadExtra int
+	firstProblems                     []string
 }
 
 func (r report) String() string {
-	return fmt.Sprintf("checked %d input, %d model forwards: lost %d, extra %d, false forwards %d, order errors %d, dead letters %d",
-		r.input, r.forwards, r.lost, r.extra, r.falseForwards, r.orderErrors, r.dead)
+	s := fmt.Sprintf("%s: checked %d input, %d model forwards: lost %d, extra %d, false forwards %d, order errors %d, dead letters %d",
+		r.topic, r.input, r.forwards, r.lost, r.extra, r.falseForwards, r.orderErrors, r.dead)
+	if r.skipped > 0 || r.skippedDelivered > 0 {
+		s += fmt.Sprintf("; %d model forwards skipped by the operator, %d of them delivered, %d repeated after the skip", r.skipped, r.skippedDelivered, r.skippedRepeats)
+	}
+	if r.poison > 0 || r.forged > 0 {
+		s += fmt.Sprintf("; %d poison records: %d not dead-lettered, %d dead letters repeated; %d records with forged dam-* headers", r.poison, r.deadMissing, r.deadExtra, r.forged)
+	}
+	if r.deadWrong > 0 || r.headerErrors > 0 {
+		s += fmt.Sprintf("; %d dead letters wrong, %d forwards with wrong headers", r.deadWrong, r.headerErrors)
+	}
+	return s
 }
 
 func sortRecs(rs []*kgo.Record) {
@@ -632,41 +676,100 @@ func sortRecs(rs []*kgo.Record) {
 }
 
 // model returns what a route forwards of its input (in partition and
-// offset order): per key, the forwarded values in order. Records of one
+// offset order): per key, the forwarded records in order. Records of one
 // key share a partition, so the model holds whatever the interleaving of
-// partitions.
-type model func(in []*kgo.Record) map[string][]string
+// partitions. A key's forwarded values are distinct in every load here
+// (each change carries a new sequence number), which the checker relies
+// on: it matches the output by value.
+type model func(in []*kgo.Record) map[string][]*kgo.Record
 
 // lastSeenModel forwards a record iff its value differs from its key's
 // previous one.
-func lastSeenModel(in []*kgo.Record) map[string][]string {
+func lastSeenModel(in []*kgo.Record) map[string][]*kgo.Record {
 	prev := map[string]string{}
-	m := map[string][]string{}
+	m := map[string][]*kgo.Record{}
 	for _, rec := range in {
 		k, v := string(rec.Key), string(rec.Value)
 		if p, ok := prev[k]; ok && p == v {
 			continue
 		}
 		prev[k] = v
-		m[k] = append(m[k], v)
+		m[k] = append(m[k], rec)
 	}
 	return m
 }
 
-// routeCheck names a route's topics and model for the checker.
+// recAt is where a record is: partition and offset.
+type recAt struct {
+	p int32
+	o int64
+}
+
+// span is a range of offsets [from, to).
+type span struct{ from, to int64 }
+
+// routeCheck names a route's topics and model for the checker, and what
+// the scenario did to its input.
 type routeCheck struct {
 	in, out, dead string
 	model         model
+	// input, when non-nil, is the input to check instead of what the
+	// topic holds (read before the topic was deleted and recreated).
+	input []*kgo.Record
+	// skipped holds, per input partition, the ranges the operator made
+	// dam skip (the group's offsets moved forward past them, or records
+	// lost with a deleted topic): the model decides their records (dam
+	// brings its state up to date with them) but expects none of them
+	// delivered.
+	skipped map[int32][]span
+	// poison says whether an input record is bad input, and what its
+	// dead letter's dam-error must say; bad input is never decided (the
+	// model leaves it out) and has exactly one dead letter. nil: there is
+	// none, and no dead letter may appear.
+	poison func(*kgo.Record) (cause string, bad bool)
 }
 
 // defaultCheck is the default route's (sidecarOpts.routes "").
-var defaultCheck = routeCheck{inTopic, outTopic, deadTopic, lastSeenModel}
+var defaultCheck = routeCheck{in: inTopic, out: outTopic, dead: deadTopic, model: lastSeenModel}
 
-// check compares the route's output topic with its model of the input.
+func (rc routeCheck) isSkipped(r *kgo.Record) bool {
+	for _, s := range rc.skipped[r.Partition] {
+		if r.Offset >= s.from && r.Offset < s.to {
+			return true
+		}
+	}
+	return false
+}
+
+// maxErrorHeader bounds a dead letter's dam-error (docs/delivery.md: 512
+// bytes, and the mark of the cut).
+const maxErrorHeader = 600
+
+// userHeaders are hs less those named dam-* (in any case), as "key=value"
+// strings in order.
+func userHeaders(hs []kgo.RecordHeader) []string {
+	var out []string
+	for _, h := range hs {
+		if !isDamHeader(h.Key) {
+			out = append(out, h.Key+"="+string(h.Value))
+		}
+	}
+	return out
+}
+
+func isDamHeader(key string) bool {
+	return len(key) >= 4 && strings.EqualFold(key[:4], "dam-")
+}
+
+// check compares the route's output topic with its model of the input,
+// and its dead-letter topic with the input's poison records.
 func (rc routeCheck) check(brokers string) (report, error) {
-	in, err := testkafka.ReadAll(brokers, rc.in)
-	if err != nil {
-		return report{}, fmt.Errorf("reading %s: %w", rc.in, err)
+	in := rc.input
+	if in == nil {
+		var err error
+		if in, err = testkafka.ReadAll(brokers, rc.in); err != nil {
+			return report{}, fmt.Errorf("reading %s: %w", rc.in, err)
+		}
 	}
 	out, err := testkafka.ReadAll(brokers, rc.out)
 	if err != nil {
@@ -676,33 +779,79 @@ func (rc routeCheck) check(brokers string) (report, error) {
 	if err != nil {
 		return report{}, fmt.Errorf("reading %s: %w", rc.dead, err)
 	}
+	in = slices.Clone(in)
 	sortRecs(in)
 	sortRecs(out)
-	r := report{input: len(in), delivered: len(out), dead: len(dead)}
+	r := report{topic: rc.in, input: len(in), delivered: len(out), dead: len(dead)}
 	problem := func(f string, a ...any) {
 		if len(r.firstProblems) < 10 {
 			r.firstProblems = append(r.firstProblems, fmt.Sprintf(f, a...))
 		}
 	}
-	// The model: per key, the values forwarded, in order.
-	model := rc.model(in)
-	modelSet := map[string]map[string]bool{}
-	for k, vs := range model {
-		modelSet[k] = map[string]bool{}
-		for _, v := range vs {
-			modelSet[k][v] = true
+	// Bad input is never decided: the model runs on the good records.
+	byOffset := make(map[recAt]*kgo.Record, len(in))
+	poisonCause := map[recAt]string{}
+	good := in[:0:0]
+	for _, rec := range in {
+		byOffset[recAt{rec.Partition, rec.Offset}] = rec
+		if len(userHeaders(rec.Headers)) < len(rec.Headers) {
+			r.forged++
 		}
-		r.forwards += len(vs)
+		if rc.poison != nil {
+			if cause, bad := rc.poison(rec); bad {
+				poisonCause[recAt{rec.Partition, rec.Offset}] = cause
+				continue
+			}
+		}
+		good = append(good, rec)
+	}
+	r.poison = len(poisonCause)
+	// The model: per key, the values forwarded, in order, less those the
+	// operator skipped.
+	model := map[string][]string{}
+	modelRec := map[string]map[string]*kgo.Record{}
+	skipped := map[string]map[string]bool{}
+	for k, recs := range rc.model(good) {
+		modelRec[k] = map[string]*kgo.Record{}
+		for _, rec := range recs {
+			v := string(rec.Value)
+			if rc.isSkipped(rec) {
+				if skipped[k] == nil {
+					skipped[k] = map[string]bool{}
+				}
+				skipped[k][v] = true
+				r.skipped++
+				continue
+			}
+			modelRec[k][v] = rec
+			model[k] = append(model[k], v)
+			r.forwards++
+		}
+	}
+	for _, rec := range good {
+		if skipped[string(rec.Key)][string(rec.Value)] && !rc.isSkipped(rec) {
+			r.skippedRepeats++
+		}
 	}
 	// The output: per entity, first occurrences in output order.
 	seen := map[string]map[string]bool{}
 	firsts := map[string][]string{}
 	for _, rec := range out {
 		k, v := string(rec.Key), string(rec.Value)
-		if !modelSet[k][v] {
-			r.falseForwards++
-			problem("false forward: entity %s value %.60s (partition %d offset %d)", k, v, rec.Partition, rec.Offset)
+		src := modelRec[k][v]
+		if src == nil {
+			if skipped[k][v] {
+				r.skippedDelivered++
+				problem("delivered a value the model forwards only in a range the operator skipped (that record, or a later repeat the caught-up state drops): entity %.40s value %.60s (partition %d offset %d)", k, v, rec.Partition, rec.Offset)
+			} else {
+				r.falseForwards++
+				problem("false forward: entity %.40s value %.60s (partition %d offset %d)", k, v, rec.Partition, rec.Offset)
+			}
 			continue
+		}
+		if got, want := userHeaders(rec.Headers), userHeaders(src.Headers); len(got) != len(rec.Headers) || !slices.Equal(got, want) {
+			r.headerErrors++
+			problem("forward of entity %.40s (input partition %d offset %d) has headers %q, want the input's less dam-*: %q", k, src.Partition, src.Offset, headerList(rec.Headers), want)
 		}
 		if seen[k] == nil {
 			seen[k] = map[string]bool{}
@@ -718,7 +867,7 @@ func (rc routeCheck) check(brokers string) (report, error) {
 		for _, v := range vs {
 			if !seen[k][v] {
 				r.lost++
-				problem("lost: entity %s value %.60s", k, v)
+				problem("lost: entity %.40s value %.60s", k, v)
 			}
 		}
 		// Order: the delivered first occurrences are the model's forwards
@@ -730,13 +879,100 @@ func (rc routeCheck) check(brokers string) (report, error) {
 			}
 			if i == len(vs) {
 				r.orderErrors++
-				problem("order: entity %s: %.60s delivered out of model order", k, v)
+				problem("order: entity %.40s: %.60s delivered out of model order", k, v)
 				break
 			}
 			i++
 		}
 	}
+	// The dead letters: one per poison record, with dam's headers alone
+	// naming its source and a short error saying why.
+	lettered := map[recAt]bool{}
+	for _, d := range dead {
+		src, cause, err := rc.deadLetterSource(d, byOffset)
+		if err == nil {
+			if want, bad := poisonCause[recAt{src.Partition, src.Offset}]; !bad {
+				err = errors.New("a good record dead-lettered")
+			} else if !strings.Contains(cause, want) {
+				err = fmt.Errorf("dam-error %.200q does not say %q", cause, want)
+			}
+		}
+		if err != nil {
+			r.deadWrong++
+			problem("dead letter at partition %d offset %d (key %.40q): %v", d.Partition, d.Offset, d.Key, err)
+			continue
+		}
+		if a := (recAt{src.Partition, src.Offset}); lettered[a] {
+			r.deadExtra++
+		} else {
+			lettered[a] = true
+		}
+	}
+	for a := range poisonCause {
+		if !lettered[a] {
+			r.deadMissing++
+			problem("poison record at partition %d offset %d not dead-lettered", a.p, a.o)
+		}
+	}
 	return r, nil
+}
+
+// deadLetterSource returns the input record a dead letter names and its
+// dam-error, or why the dead letter is not as documented: exactly one
+// dam-error (at most maxErrorHeader bytes), dam-source-topic,
+// -partition and -offset each, naming an input record whose key, value and
+// headers (less dam-*) it carries, and no other dam-* header.
+func (rc routeCheck) deadLetterSource(d *kgo.Record, in map[recAt]*kgo.Record) (*kgo.Record, string, error) {
+	dam := map[string][]string{}
+	for _, h := range d.Headers {
+		if isDamHeader(h.Key) {
+			dam[h.Key] = append(dam[h.Key], string(h.Value))
+		}
+	}
+	want := []string{"dam-error", "dam-source-topic", "dam-source-partition", "dam-source-offset"}
+	for _, k := range want {
+		if len(dam[k]) != 1 {
+			return nil, "", fmt.Errorf("%d %s headers, want 1 (headers %q)", len(dam[k]), k, headerList(d.Headers))
+		}
+	}
+	if len(dam) != len(want) {
+		return nil, "", fmt.Errorf("dam-* headers %q, want %q alone", headerList(d.Headers), want)
+	}
+	cause := dam["dam-error"][0]
+	if len(cause) > maxErrorHeader {
+		return nil, "", fmt.Errorf("dam-error of %d bytes, above %d: %.100q", len(cause), maxErrorHeader, cause)
+	}
+	if dam["dam-source-topic"][0] != rc.in {
+		return nil, "", fmt.Errorf("dam-source-topic %q, want %q", dam["dam-source-topic"][0], rc.in)
+	}
+	p, err1 := strconv.ParseInt(dam["dam-source-partition"][0], 10, 32)
+	o, err2 := strconv.ParseInt(dam["dam-source-offset"][0], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, "", err
+	}
+	src := in[recAt{int32(p), o}]
+	switch {
+	case src == nil:
+		return nil, "", fmt.Errorf("no input record at partition %d offset %d", p, o)
+	case !bytes.Equal(src.Key, d.Key) || !bytes.Equal(src.Value, d.Value):
+		return nil, "", fmt.Errorf("key or value (%d bytes) not those of input partition %d offset %d", len(d.Value), p, o)
+	case !slices.Equal(userHeaders(d.Headers), userHeaders(src.Headers)):
+		return nil, "", fmt.Errorf("headers %q, want the input's less dam-* (%q)", userHeaders(d.Headers), userHeaders(src.Headers))
+	}
+	return src, cause, nil
+}
+
+// headerList shows headers as "key=value" (values cut at 40 bytes).
+func headerList(hs []kgo.RecordHeader) []string {
+	out := make([]string, len(hs))
+	for i, h := range hs {
+		v := string(h.Value)
+		if len(v) > 40 {
+			v = v[:40] + "…"
+		}
+		out[i] = h.Key + "=" + v
+	}
+	return out
 }
 
 // waitDelivered polls the checker of the default route until nothing is
@@ -746,7 +982,8 @@ func waitDelivered(t *testing.T, brokers string, limit time.Duration, alive ...*
 	return waitDeliveredRoute(t, brokers, defaultCheck, limit, alive...)
 }
 
-// waitDeliveredRoute is waitDelivered for the route rc.
+// waitDeliveredRoute is waitDelivered for the route rc: it waits until
+// nothing is lost and every poison record is dead-lettered.
 func waitDeliveredRoute(t *testing.T, brokers string, rc routeCheck, limit time.Duration, alive ...*sidecar) report {
 	t.Helper()
 	deadline := time.Now().Add(limit)
@@ -754,7 +991,7 @@ func waitDeliveredRoute(t *testing.T, brokers string, rc routeCheck, limit time.
 	var err error
 	for {
 		r, err = rc.check(brokers)
-		if err == nil && r.lost == 0 {
+		if err == nil && r.lost == 0 && r.deadMissing == 0 {
 			return r
 		}
 		for _, s := range alive {
@@ -771,9 +1008,11 @@ func waitDeliveredRoute(t *testing.T, brokers string, rc routeCheck, limit time.
 	return r
 }
 
-// assertReport fails on any loss, false forward, order error or dead
-// letter, or when the input topic does not hold the load's records;
-// maxExtra < 0 allows any number of extras.
+// assertReport fails on any loss, false forward, order error, forward with
+// the wrong headers, record delivered from a skipped range, or dead letter
+// not of a poison record (or not as documented) or missing, or when the
+// input does not hold the load's records; maxExtra bounds the
+// repeats of forwards and of dead letters alike (< 0: any number).
 func assertReport(t *testing.T, r report, load *loadgen, maxExtra int) {
 	t.Helper()
 	t.Log(r)
@@ -786,10 +1025,14 @@ func assertReport(t *testing.T, r report, load *loadgen, maxExtra int) {
 	if r.forwards == 0 {
 		t.Fatal("checker: the model forwards nothing: the load did not reach the broker")
 	}
-	if r.lost != 0 || r.falseForwards != 0 || r.orderErrors != 0 || r.dead != 0 {
+	if r.lost != 0 || r.falseForwards != 0 || r.orderErrors != 0 || r.skippedDelivered != 0 || r.headerErrors != 0 ||
+		r.deadWrong != 0 || r.deadMissing != 0 {
 		t.Errorf("delivery broken: %s", r)
 	}
 	if maxExtra >= 0 && r.extra > maxExtra {
 		t.Errorf("extra deliveries: %d, want at most %d", r.extra, maxExtra)
+	}
+	if maxExtra >= 0 && r.deadExtra > maxExtra {
+		t.Errorf("dead letters repeated: %d, want at most %d", r.deadExtra, maxExtra)
 	}
 }

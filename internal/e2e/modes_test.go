@@ -41,7 +41,7 @@ const modeRoutes = `
 `
 
 func modeCheck(service string, m model) routeCheck {
-	return routeCheck{"in." + service, "out." + service, "dlq." + service, m}
+	return routeCheck{in: "in." + service, out: "out." + service, dead: "dlq." + service, model: m}
 }
 
 // idempotent is window mode's stream: commands keyed by their message id
@@ -64,11 +64,11 @@ func idempotent() generator {
 
 // windowModel forwards the first record of each id (the key): the window
 // (1h) outlasts the test.
-func windowModel(in []*kgo.Record) map[string][]string {
-	m := map[string][]string{}
+func windowModel(in []*kgo.Record) map[string][]*kgo.Record {
+	m := map[string][]*kgo.Record{}
 	for _, rec := range in {
 		if k := string(rec.Key); m[k] == nil {
-			m[k] = []string{string(rec.Value)}
+			m[k] = []*kgo.Record{rec}
 		}
 	}
 	return m
@@ -95,9 +95,9 @@ func versioned(entities int) generator {
 
 // versionModel forwards a record iff its version is above its key's
 // highest so far.
-func versionModel(in []*kgo.Record) map[string][]string {
+func versionModel(in []*kgo.Record) map[string][]*kgo.Record {
 	highest := map[string]int64{}
-	m := map[string][]string{}
+	m := map[string][]*kgo.Record{}
 	for _, rec := range in {
 		var v struct{ Version int64 }
 		if err := json.Unmarshal(rec.Value, &v); err != nil {
@@ -108,7 +108,7 @@ func versionModel(in []*kgo.Record) map[string][]string {
 			continue
 		}
 		highest[k] = v.Version
-		m[k] = append(m[k], string(rec.Value))
+		m[k] = append(m[k], rec)
 	}
 	return m
 }
