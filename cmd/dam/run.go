@@ -101,7 +101,7 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 		return fmt.Errorf("postgres: %w", err)
 	}
 	defer store.Close()
-	reg.MustRegister(newPoolCollector(store.Pool()))
+	reg.MustRegister(store.PoolCollector())
 
 	opts := []pipeline.Option{pipeline.WithLogger(log), pipeline.WithRegisterer(reg)}
 	if hooks != nil {
