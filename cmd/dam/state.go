@@ -15,6 +15,7 @@ import (
 
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/explain"
+	"github.com/dam-dedup/dam/internal/progress"
 )
 
 func newStateCmd() *cobra.Command {
@@ -192,7 +193,7 @@ stderr (a bar on a terminal, plain lines otherwise).`,
 				}
 				entities = append(entities, more...)
 			}
-			pr, err := newProgress(cmd, "reset", "identities", isTerminal)
+			pr, err := newProgress(cmd, "reset", "identities", progress.IsTerminal)
 			if err != nil {
 				return err
 			}
@@ -201,14 +202,14 @@ stderr (a bar on a terminal, plain lines otherwise).`,
 				return err
 			}
 			defer s.Close()
-			opts := []dedup.OpOption{dedup.WithBatchSize(batch), dedup.WithProgress(pr.step)}
+			opts := []dedup.OpOption{dedup.WithBatchSize(batch), dedup.WithProgress(pr.Step)}
 			var n int64
 			if all {
 				n, err = s.ResetService(cmd.Context(), service, opts...)
 			} else {
 				n, err = s.ResetEntities(cmd.Context(), service, entities, opts...)
 			}
-			pr.done()
+			pr.Done()
 			if err != nil {
 				return fmt.Errorf("reset of service %s stopped after %d identities: %w", showService(service), n, err)
 			}
@@ -309,12 +310,12 @@ otherwise).`,
 			if olderThan <= 0 {
 				return nil
 			}
-			pr, err := newProgress(cmd, "prune", "rows walked", isTerminal)
+			pr, err := newProgress(cmd, "prune", "rows walked", progress.IsTerminal)
 			if err != nil {
 				return err
 			}
-			n, err = s.PruneState(cmd.Context(), service, olderThan, dedup.WithBatchSize(batch), dedup.WithProgress(pr.step))
-			pr.done()
+			n, err = s.PruneState(cmd.Context(), service, olderThan, dedup.WithBatchSize(batch), dedup.WithProgress(pr.Step))
+			pr.Done()
 			if err != nil {
 				return fmt.Errorf("prune stopped after deleting %d identities: %w", n, err)
 			}

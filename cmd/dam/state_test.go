@@ -316,24 +316,6 @@ func TestStatePruneProgress(t *testing.T) {
 	}
 }
 
-func TestIsTerminal(t *testing.T) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	defer w.Close()
-	if isTerminal(w) || isTerminal(&strings.Builder{}) {
-		t.Fatal("a pipe or a buffer is not a terminal")
-	}
-	if f, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
-		defer f.Close()
-		if !isTerminal(f) {
-			t.Fatal("/dev/tty is a terminal")
-		}
-	}
-}
-
 // An unreachable database is named and fails with status 1.
 func TestStateUnreachable(t *testing.T) {
 	t.Parallel()
