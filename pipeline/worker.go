@@ -266,13 +266,16 @@ func (w *worker) park(err error) {
 	w.dcancel()
 }
 
-// decideCtx is the context of the decide side's calls: dctx, bounded in
-// exactly-once mode by the round's hard deadline.
+// decideCtx is the context of the decide side's calls: the worker's own
+// (a stop in time lets the decide in flight finish, to be delivered and
+// committed with the rest: a clean stop leaves C = P; the retries end at
+// once, on dctx), bounded in exactly-once mode by the round's hard
+// deadline.
 func (w *worker) decideCtx() context.Context {
 	if w.roundOps != nil {
 		return w.roundOps
 	}
-	return w.dctx
+	return w.ctx
 }
 
 // storeCtx bounds one call to PostgreSQL (see settings.storeTimeout).

@@ -10,7 +10,9 @@
 //   - Latency: every chunk delayed;
 //   - LoseNextCommitReply: the next PostgreSQL COMMIT reaches the server,
 //     its reply is lost and the connection dropped: the outcome the client
-//     cannot know.
+//     cannot know;
+//   - HoldNextCommitReply: the next COMMIT reaches the server, its reply
+//     waits until released: a client stopped in the middle of its commit.
 package tcpproxy
 
 import (
@@ -41,6 +43,8 @@ type Proxy struct {
 	latency atomic.Int64 // nanoseconds added to every chunk
 	// commit is the action armed by LoseNextCommitReply (nil: none).
 	commit atomic.Pointer[func()]
+	// hold is the action armed by HoldNextCommitReply (nil: none).
+	hold atomic.Pointer[holdReply]
 
 	mu    sync.Mutex
 	mode  mode
@@ -132,11 +136,18 @@ func (p *Proxy) pipe(l *link) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	var lost atomic.Bool // the reply of a COMMIT is being lost
+	var hold atomic.Pointer[holdReply]
 	var commits commitSpotter
 	go func() { // client -> server
 		defer wg.Done()
 		p.copy(l, up, l.client, func(chunk []byte) bool {
 			if commits.spot(chunk) {
+				if h := p.hold.Swap(nil); h != nil {
+					hold.Store(h)
+					_, _ = up.Write(chunk)
+					go h.then()
+					return false
+				}
 				if then := p.commit.Swap(nil); then != nil {
 					lost.Store(true)
 					_, _ = up.Write(chunk)
@@ -153,7 +164,12 @@ func (p *Proxy) pipe(l *link) {
 	}()
 	go func() { // server -> client
 		defer wg.Done()
-		p.copy(l, l.client, up, func([]byte) bool { return !lost.Load() })
+		p.copy(l, l.client, up, func([]byte) bool {
+			if h := hold.Swap(nil); h != nil {
+				<-h.released
+			}
+			return !lost.Load()
+		})
 	}()
 	wg.Wait()
 }
@@ -303,6 +319,25 @@ func (p *Proxy) LoseNextCommitReply(then func()) {
 		then = func() {}
 	}
 	p.commit.Store(&then)
+}
+
+// holdReply is an armed HoldNextCommitReply.
+type holdReply struct {
+	then     func()
+	released chan struct{}
+}
+
+// HoldNextCommitReply arms a one-shot fault for PostgreSQL: the next
+// COMMIT a client sends reaches the server, and then runs (in a goroutine
+// of its own); the server's reply to it waits until release is called.
+func (p *Proxy) HoldNextCommitReply(then func()) (release func()) {
+	h := &holdReply{then: then, released: make(chan struct{})}
+	if h.then == nil {
+		h.then = func() {}
+	}
+	p.hold.Store(h)
+	var once sync.Once
+	return func() { once.Do(func() { close(h.released) }) }
 }
 
 // PostgresDSN returns the host:port of a PostgreSQL DSN and a function
