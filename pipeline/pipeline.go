@@ -103,6 +103,9 @@ type Pipeline struct {
 	limits  *batchLimits
 
 	client *kgo.Client
+	// clientSet is closed once client is set: the group's callbacks run on
+	// the client's goroutines, which start before Run has the client.
+	clientSet chan struct{}
 	// base is the parent of the workers' contexts: Run's context without
 	// its cancellation (a stop finishes the batches in flight; each worker
 	// cancels its own on a hard stop).
@@ -137,14 +140,15 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	p := &Pipeline{
-		cfg:     cfg,
-		store:   store,
-		log:     zap.NewNop(),
-		reg:     prometheus.NewRegistry(),
-		routes:  map[string]*route{},
-		limits:  &batchLimits{},
-		workers: map[string]map[int32]*worker{},
-		retry:   retry.Policy{Min: cfg.Pipeline.RetryMin, Max: cfg.Pipeline.RetryMax},
+		clientSet: make(chan struct{}),
+		cfg:       cfg,
+		store:     store,
+		log:       zap.NewNop(),
+		reg:       prometheus.NewRegistry(),
+		routes:    map[string]*route{},
+		limits:    &batchLimits{},
+		workers:   map[string]map[int32]*worker{},
+		retry:     retry.Policy{Min: cfg.Pipeline.RetryMin, Max: cfg.Pipeline.RetryMax},
 	}
 	for _, o := range opts {
 		o(p)
@@ -290,6 +294,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		return fmt.Errorf("pipeline: kafka client: %w", err)
 	}
 	p.client, p.deps.client = cl, cl
+	close(p.clientSet)
 	if err := p.checkCluster(ctx); err != nil {
 		cl.Close()
 		return err
@@ -490,6 +495,7 @@ func (p *Pipeline) dpart(rt *route, part int32) dedup.Partition {
 // recovered start; without this it would stay parked until the next
 // rebalance, for good if none came.
 func (p *Pipeline) onJoined(ctx context.Context, cl *kgo.Client, _ map[string][]int32) {
+	<-p.clientSet
 	p.mu.Lock()
 	p.joined = true
 	var fenced []*worker
@@ -573,6 +579,7 @@ func (p *Pipeline) holdUnrecovered(held map[string]map[int32]kgo.Offset, err err
 // onAssigned runs recovery (recover.go) for newly assigned partitions,
 // starts their workers and tells franz-go where to start fetching.
 func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	<-p.clientSet
 	var started []*worker
 	fail := func(err error) (map[string]map[int32]kgo.Offset, error) {
 		stopAll(started, false, p.cfg.Pipeline.ShutdownGrace)
@@ -640,6 +647,7 @@ func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]
 // decided (or stops it hard after the grace period) before another member
 // takes it.
 func (p *Pipeline) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	<-p.clientSet
 	p.sessionMustEnd()
 	ws := p.lookup(revoked)
 	if len(ws) > 0 {
@@ -653,6 +661,7 @@ func (p *Pipeline) onRevoked(_ context.Context, _ *kgo.Client, revoked map[strin
 // already, so nothing more is produced or committed (its recovery replays
 // the rest).
 func (p *Pipeline) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	<-p.clientSet
 	p.sessionMustEnd()
 	ws := p.lookup(lost)
 	if len(ws) > 0 {

@@ -215,6 +215,7 @@ func (p *Pipeline) reposition() {
 // holds: the round in flight stops retrying (an outage) and gives the poll
 // back; a round making progress finishes.
 func (p *Pipeline) onBlocked(context.Context, *kgo.Client) {
+	<-p.clientSet
 	p.roundMu.Lock()
 	stop := p.roundStop
 	p.roundMu.Unlock()
