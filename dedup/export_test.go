@@ -7,3 +7,7 @@ func SetDecideAttempts(n int) (restore func()) {
 	maxDecideAttempts = n
 	return func() { maxDecideAttempts = old }
 }
+
+// SetClaims makes s decide with the statements of Citus (locks by
+// writing) on any engine, for a test.
+func SetClaims(s *Store) { s.claims = true }

@@ -274,11 +274,17 @@ func TestDecideRejectsInvalidRules(t *testing.T) {
 // version is forwarded and stored.
 func TestConcurrentDecidersWindowAndVersion(t *testing.T) {
 	t.Parallel()
+	shapes(t, func(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
+		testConcurrentDeciders(t, shape)
+	})
+}
+
+func testConcurrentDeciders(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
 	const deciders, batches, perBatch, ids = 4, 6, 150, 200
 	for _, rule := range []dedup.Rule{{Mode: dedup.Window, Window: time.Hour}, {Mode: dedup.Version}} {
 		t.Run(rule.Mode.String(), func(t *testing.T) {
 			t.Parallel()
-			s := newStore(t)
+			s := shape(newStore(t))
 			var mu sync.Mutex
 			forwards := map[string][]int64{} // identity: versions forwarded
 			highest := map[string]int64{}
@@ -367,60 +373,56 @@ func TestDecideNewIdentityRaceModes(t *testing.T) {
 		{dedup.Rule{Mode: dedup.Version},
 			`INSERT INTO versions (service, entity, version, digest, updated_at) VALUES ('svc', 'new', 7, $1, now())`},
 	}
-	for _, tc := range cases {
-		t.Run(tc.rule.Mode.String(), func(t *testing.T) {
-			t.Parallel()
-			s := newStore(t)
-			ctx := context.Background()
-			st := newStream(t, s, "race", tc.rule)
-			other, err := s.Pool().Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
+	shapes(t, func(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
+		for _, tc := range cases {
+			testDecideNewIdentityRaceMode(t, shape(newStore(t)), tc.rule, tc.insert)
+		}
+	})
+}
+
+func testDecideNewIdentityRaceMode(t *testing.T, s *dedup.Store, rule dedup.Rule, insert string) {
+	t.Run(rule.Mode.String(), func(t *testing.T) {
+		ctx := context.Background()
+		st := newStream(t, s, "race-"+rule.Mode.String(), rule)
+		other, err := s.Pool().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Rollback(ctx)
+		d := digest("A")
+		if _, err := other.Exec(ctx, insert, d[:]); err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			got []dedup.Decision
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			b := &dedup.Batch{Service: "svc", Partition: st.p, Epoch: st.epoch, Rule: rule, Start: 0, End: 1,
+				Records: []dedup.Record{{Offset: 0, Entity: []byte("new"), Digest: d, Version: 7}}}
+			got, err := s.Decide(ctx, b, nil)
+			done <- result{got, err}
+		}()
+		// Wait until Decide's insert waits on the open transaction.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			// (Not inside other: it would see one snapshot of the activity.)
+			if waiting(ctx, t, s) {
+				break
 			}
-			defer other.Rollback(ctx)
-			d := digest("A")
-			if _, err := other.Exec(ctx, tc.insert, d[:]); err != nil {
-				t.Fatal(err)
+			if time.Now().After(deadline) {
+				t.Fatal("Decide never waited for the concurrent insert")
 			}
-			var backend int
-			if err := other.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
-				t.Fatal(err)
-			}
-			type result struct {
-				got []dedup.Decision
-				err error
-			}
-			done := make(chan result, 1)
-			go func() {
-				b := &dedup.Batch{Service: "svc", Partition: st.p, Epoch: st.epoch, Rule: tc.rule, Start: 0, End: 1,
-					Records: []dedup.Record{{Offset: 0, Entity: []byte("new"), Digest: d, Version: 7}}}
-				got, err := s.Decide(ctx, b, nil)
-				done <- result{got, err}
-			}()
-			// Wait until Decide's insert waits on the open transaction.
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				var waiting bool
-				// (Not inside other: it would see one snapshot of the activity.)
-				if err := s.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))`, backend).Scan(&waiting); err != nil {
-					t.Fatal(err)
-				}
-				if waiting {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("Decide never waited for the concurrent insert")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-			if err := other.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if r := <-done; r.err != nil || !slices.Equal(r.got, []dedup.Decision{D}) {
-				t.Fatalf("Decide after losing the race: %v, %v; want [Duplicate]", r.got, r.err)
-			}
-		})
-	}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := other.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-done; r.err != nil || !slices.Equal(r.got, []dedup.Decision{D}) {
+			t.Fatalf("Decide after losing the race: %v, %v; want [Duplicate]", r.got, r.err)
+		}
+	})
 }
 
 // TestPruneWindowAndCleanup: expired ids (by the database's clock) are

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,6 +51,11 @@ const (
 type Store struct {
 	pool *pgxpool.Pool
 	owns bool
+	// engine caches what Distributed learned (engineUnknown until then).
+	engine atomic.Int32
+	// claims makes Decide lock by writing on one server too (a test's
+	// setting; see Distributed).
+	claims bool
 }
 
 // Open builds a pool for dsn (URL or keyword/value form; parameters such as
