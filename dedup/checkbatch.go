@@ -28,9 +28,10 @@ type Batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// sqlCheck is Check's compare-and-set.
+// sqlCheck is Check's compare-and-set. (updated_at = EXCLUDED.updated_at,
+// not now(): Citus allows only immutable functions in DO UPDATE SET.)
 const sqlCheck = `INSERT INTO state AS s (service, entity, digest, updated_at) VALUES ($1, $2, $3, now())
-		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = now(),
+		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = EXCLUDED.updated_at,
 			src_topic = NULL, src_partition = NULL, src_offset = NULL
 		WHERE s.digest IS DISTINCT FROM EXCLUDED.digest
 		RETURNING 1`
