@@ -24,3 +24,25 @@ func (s *Store) ReadProgress(ctx context.Context, p Partition) (Progress, error)
 	}
 	return pr, nil
 }
+
+// SettledProgress is ReadProgress after every transaction that holds p's
+// progress row has ended: it waits for a decide whose commit is still in
+// flight instead of reading the value from before it. A decider uses it to
+// learn the outcome of its own batch after an error. On Citus a commit is
+// two-phase: a worker may hold the batch prepared, neither committed nor
+// rolled back, until the coordinator (or, after a crash, its recovery of
+// prepared transactions) finishes it; ReadProgress would read the old P
+// meanwhile, and the batch would be decided again over a commit. The wait
+// is bounded by lock_timeout (on Citus, statement_timeout): an error says
+// the outcome is not known yet.
+func (s *Store) SettledProgress(ctx context.Context, p Partition) (Progress, error) {
+	pr, err := scanProgress(s.pool.QueryRow(ctx, `SELECT epoch, next_offset, delivered, topic_id FROM progress
+		WHERE grp = $1 AND topic = $2 AND part = $3 FOR SHARE`, p.Group, p.Topic, p.Partition))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Progress{Delivered: -1}, nil
+	}
+	if err != nil {
+		return Progress{}, classify("read progress", err)
+	}
+	return pr, nil
+}
