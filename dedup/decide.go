@@ -122,7 +122,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 	p := b.Partition
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return out, false, classify("decide", err)
+		return out, false, s.classify("decide", err)
 	}
 	// A connection left inside a transaction (after an error) is closed, not
 	// reused, by Release.
@@ -157,9 +157,9 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		// Refused as Citus refuses a multi-shard FOR UPDATE: the tables
 		// were distributed under a running dam; run it again as a claim.
 		if !claim && s.forgetEngine(err) {
-			return out, true, classify("decide", err)
+			return out, true, s.classify("decide", err)
 		}
-		return out, isRace(err), classify("decide", err)
+		return out, isRace(err), s.classify("decide", err)
 	}
 	if epoch != b.Epoch || next == nil || *next != b.Start {
 		s.rollback(ctx, conn.Conn())
@@ -218,7 +218,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		// Lost before or during COMMIT: the outcome may be either; classify
 		// says ErrUnavailable for connection errors, so recovery runs.
 		s.rollback(ctx, conn.Conn())
-		return out[:0], isRace(err), classify("decide", err)
+		return out[:0], isRace(err), s.classify("decide", err)
 	}
 	if advanced != 1 { // cannot happen: the progress row is locked above
 		return out[:0], false, fmt.Errorf("dedup: decide: progress of %s/%d not advanced", p.Topic, p.Partition)

@@ -3,6 +3,7 @@ package dedup
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -63,4 +64,20 @@ func (s *Store) forgetEngine(err error) bool {
 		return true
 	}
 	return false
+}
+
+// classify is the package's classify, knowing the engine. On Citus a
+// worker lost in the middle of a statement reaches the client through the
+// coordinator as internal_error (XX000, the connection's own message) or
+// io_error (58030, a shard's COPY failed), not as a connection error:
+// both are transient there, and the outcome of a commit they interrupt is
+// learned as after any lost reply (SettledProgress). On one server an
+// internal error stays permanent: it needs a person.
+func (s *Store) classify(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if err != nil && s.engine.Load() == engineDistributed && errors.As(err, &pgErr) &&
+		(pgErr.Code == "XX000" || pgErr.Code == "58030") {
+		return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
+	}
+	return classify(op, err)
 }

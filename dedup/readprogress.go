@@ -20,7 +20,7 @@ func (s *Store) ReadProgress(ctx context.Context, p Partition) (Progress, error)
 		return Progress{Delivered: -1}, nil
 	}
 	if err != nil {
-		return Progress{}, classify("read progress", err)
+		return Progress{}, s.classify("read progress", err)
 	}
 	return pr, nil
 }
@@ -42,7 +42,7 @@ func (s *Store) SettledProgress(ctx context.Context, p Partition) (Progress, err
 		return Progress{Delivered: -1}, nil
 	}
 	if err != nil {
-		return Progress{}, classify("read progress", err)
+		return Progress{}, s.classify("read progress", err)
 	}
 	return pr, nil
 }
