@@ -583,7 +583,9 @@ func chaosCitusWorkers(c *chaosRun) {
 	c.fault("Citus worker 1 down for longer")
 	c.recovered(time.Now(), s)
 	c.finally = append(c.finally, func() {
-		// The shards holding state rows, per worker.
+		// The workers whose shards hold state rows.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
 		rows, err := pgExec(ctx, cc.DSN(), `SELECT count(DISTINCT s.nodeport) FROM citus_shards s
 			JOIN run_command_on_shards('state', 'SELECT count(*) FROM %s') r ON r.shardid = s.shardid
 			WHERE s.table_name = 'state'::regclass AND r.result::bigint > 0`)
