@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dam-dedup/dam/canon"
@@ -80,6 +81,10 @@ type Options struct {
 	Analyze bool
 	// Logf receives progress lines; it may be nil.
 	Logf func(string, ...any)
+	// Remote, when set, receives every command the coordinator sends the
+	// workers (citus.log_remote_commands) with the operation that caused
+	// it.
+	Remote func(op, command string)
 }
 
 // Capture runs the store's operations on a fresh schema of the Citus
@@ -130,6 +135,14 @@ func Capture(ctx context.Context, dsn string, o Options) ([]Statement, error) {
 	}
 	pc.ConnConfig.RuntimeParams["search_path"] = schema
 	pc.ConnConfig.Tracer = rec
+	if o.Remote != nil {
+		pc.ConnConfig.RuntimeParams["citus.log_remote_commands"] = "on"
+		pc.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+			if cmd, ok := strings.CutPrefix(n.Message, "issuing "); ok {
+				o.Remote(rec.currentOp(), cmd)
+			}
+		}
+	}
 	pc.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -354,6 +367,13 @@ type recorder struct {
 	on  bool
 	idx map[string]int
 	sts []Statement
+	op  string // of the statement sent last
+}
+
+func (r *recorder) currentOp() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.op
 }
 
 func (r *recorder) start() {
@@ -368,11 +388,12 @@ func (r *recorder) add(ctx context.Context, sql string, args []any) {
 	if !r.on {
 		return
 	}
+	op, _ := ctx.Value(opKey{}).(string)
+	r.op = op
 	if i, ok := r.idx[sql]; ok {
 		r.sts[i].args = append([]any(nil), args...)
 		return
 	}
-	op, _ := ctx.Value(opKey{}).(string)
 	r.idx[sql] = len(r.sts)
 	r.sts = append(r.sts, Statement{Op: op, SQL: sql, args: append([]any(nil), args...)})
 }
@@ -560,7 +581,7 @@ func Print(w io.Writer, sts []Statement, verbose bool) {
 	for _, st := range sts {
 		if st.Class.Kind == "-" {
 			if strings.HasPrefix(st.Op, "decide") && strings.TrimSpace(st.SQL) == "COMMIT" {
-				fmt.Fprintf(w, "| %s | commit | 2PC | | PREPARE TRANSACTION on each worker the transaction wrote, then COMMIT PREPARED; one phase when it wrote one worker |\n", st.Op)
+				fmt.Fprintf(w, "| %s | commit | 2PC | | PREPARE TRANSACTION on each worker connection the transaction wrote over (one per shard its COPYs wrote), then COMMIT PREPARED; one phase when it used one |\n", st.Op)
 			}
 			continue
 		}

@@ -2,6 +2,7 @@ package citusplan
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -27,13 +28,37 @@ func TestPlans(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Stop()
-	sts, err := Capture(ctx, cc.DSN(), Options{Analyze: true, Logf: t.Logf})
+	// The commands the coordinator sends the workers for one decide: the
+	// first of last-seen's two (its second is the same).
+	var remote []string
+	decides := 0
+	sts, err := Capture(ctx, cc.DSN(), Options{Analyze: true, Logf: t.Logf, Remote: func(op, cmd string) {
+		if op != "decide (last-seen)" {
+			return
+		}
+		if strings.HasPrefix(cmd, "BEGIN") && len(remote) > 0 && strings.HasPrefix(remote[len(remote)-1], "COMMIT PREPARED") {
+			decides++
+		}
+		if decides == 0 {
+			remote = append(remote, abbreviate(cmd))
+		}
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
 	Print(&b, sts, testing.Verbose())
+	fmt.Fprintf(&b, "\n-- the commands the coordinator sent the workers for one decide (last-seen, %d records): %d\n", 1000, len(remote))
+	for _, c := range remote {
+		if len(c) > 160 {
+			c = c[:160] + "..."
+		}
+		fmt.Fprintln(&b, c)
+	}
 	t.Log("\n" + b.String())
+	if len(remote) == 0 {
+		t.Error("no remote command seen for a decide (citus.log_remote_commands)")
+	}
 
 	want := map[[2]string]string{
 		{"decide (last-seen)", "progress lock"}:           "router",
