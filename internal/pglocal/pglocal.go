@@ -86,9 +86,14 @@ func Start(ctx context.Context, logf func(string, ...any), opts ...Option) (*Clu
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "dam-pglocal-")
+	reapOnce.Do(func() { reapOrphans(logf) })
+	dir, err := os.MkdirTemp("", dirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("pglocal: %w", err)
+	}
+	if err := writeOwner(dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
 	c := &Cluster{dir: dir, bin: bin, logf: logf}
 	for _, o := range opts {
