@@ -38,6 +38,8 @@ TEST_TAGS := damtest
 DEMO_RECORDS ?= 20000
 # make test-citus: the packages whose tests use a database (pgtest), run on
 # a throwaway Citus cluster (a coordinator and two workers per package).
+# Citus is built when missing: from CITUS_SRC (a checkout of
+# citusdata/citus v13.2.2) or ../shared/citus (scripts/install-citus.sh).
 CITUS_TEST_PKGS ?= ./dedup/... ./migrations/... ./explain/... ./serve/... ./pipeline/... \
   ./internal/pglocal/... ./internal/pgtest/... ./cmd/dam/... ./examples/serveclient/... \
   ./internal/e2e/... ./internal/interop/... ./internal/observe/... ./internal/servebench/...
