@@ -9,13 +9,16 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/pglocal"
 	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/tcpproxy"
 	"github.com/dam-dedup/dam/migrations"
 )
 
@@ -203,5 +206,142 @@ func TestCitusTablesDistributedUnderARunningDamRaceNewIdentity(t *testing.T) {
 	default:
 		t.Fatalf("Decide after a lost race for a new identity: %v; neither decided again nor ErrUnavailable: "+
 			"a permanent error, on which the sidecar halts the partition (decideResolving: retry.Permanent)", r.err)
+	}
+}
+
+// proxyWorker routes the coordinator's connections to worker i of cc
+// through a tcpproxy (citus_update_node, as a failover would), so that a
+// test can lose what a worker answers the coordinator; the node is put back
+// when the test ends. It returns the proxy and the worker's node port as
+// the coordinator knows it now.
+func proxyWorker(t *testing.T, cc *pglocal.CitusCluster, i int) *tcpproxy.Proxy {
+	t.Helper()
+	ctx := context.Background()
+	w := cc.Worker(i)
+	px := tcpproxy.New(t, fmt.Sprintf("127.0.0.1:%d", w.Port()))
+	_, pxPort, err := net.SplitHostPort(px.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := pgtest.Base()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var nodeID int
+	if err := conn.QueryRow(ctx, `SELECT nodeid FROM pg_dist_node WHERE nodeport = $1`, w.Port()).Scan(&nodeID); err != nil {
+		t.Fatal(err)
+	}
+	// The coordinator speaks TLS to its workers by default
+	// (citus.node_conninfo sslmode=require): in clear, the proxy sees the
+	// COMMIT it sends.
+	for _, sql := range []string{`ALTER SYSTEM SET citus.node_conninfo = 'sslmode=disable'`, `SELECT pg_reload_conf()`,
+		fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %s)`, nodeID, pxPort)} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close(ctx)
+		for _, sql := range []string{fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %d)`, nodeID, w.Port()),
+			`ALTER SYSTEM RESET citus.node_conninfo`, `SELECT pg_reload_conf()`, `SELECT start_metadata_sync_to_all_nodes()`} {
+			if _, err := conn.Exec(ctx, sql); err != nil {
+				t.Errorf("%s: %v", sql, err)
+			}
+		}
+	})
+	return px
+}
+
+// entitiesOnNode returns n entities of service svc whose state rows sit on
+// the node at port (as pg_dist_node has it now).
+func entitiesOnNode(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, port, n int) [][]byte {
+	t.Helper()
+	var out [][]byte
+	for i := 0; len(out) < n; i++ {
+		if i > 1000 {
+			t.Fatal("no entity found on the node")
+		}
+		e := []byte(fmt.Sprint("e-", i))
+		var on int
+		if err := pool.QueryRow(context.Background(), `SELECT nodeport FROM citus_shards
+			WHERE shardid = get_shard_id_for_distribution_column('state', $1::bytea)`, e).Scan(&on); err != nil {
+			t.Fatal(err)
+		}
+		if on == port {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Finding: on Citus, a check whose commit reached the worker but whose
+// reply was lost is reported as a refusal (a permanent error), not as an
+// unknown outcome, and dam serve then decides it again and answers
+// "duplicate" for content nobody was told to forward: the record is lost.
+//
+// A CheckBatch whose checks sit on one worker commits in one phase: the
+// coordinator sends COMMIT to the worker before committing itself. If that
+// COMMIT reaches the worker and its reply is lost (the worker crashes
+// right after committing, the network between them fails), Citus warns
+// "failed to commit transaction" and fails the client's COMMIT with
+// "could not commit transaction for shard N on at least one active node",
+// SQLSTATE XX000, although the worker committed. dedup.Check and
+// Store.CheckBatch classify with the package's classify, which ignores the
+// engine: XX000 is a permanent error there (Store.classify would have said
+// ErrUnavailable on Citus, as Decide does), so the caller is told the store
+// refused the checks, i.e. that nothing was decided. dam serve acts on
+// exactly that (api.go, combine.go: "the store refused the transaction for
+// a reason no retry fixes ... decide the checks one by one"): TestServe...
+// in serve/citusbreak_test.go shows it answering "duplicate".
+func TestCitusCheckBatchLostWorkerCommitReply(t *testing.T) {
+	cc := pgtest.NeedCitusCluster(t)
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	px := proxyWorker(t, cc, 0)
+	s, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, pxPort, _ := net.SplitHostPort(px.Addr())
+	var port int
+	fmt.Sscan(pxPort, &port)
+	ents := entitiesOnNode(t, s.Pool(), port, 2)
+	items := []dedup.CheckItem{{Service: "svc", Entity: ents[0], Digest: digest("A")}, {Service: "svc", Entity: ents[1], Digest: digest("B")}}
+
+	// The next COMMIT the coordinator sends the worker reaches it; its reply
+	// is lost.
+	px.LoseNextCommitReply(nil)
+	out, err := s.CheckBatch(ctx, items, nil)
+	t.Logf("CheckBatch with the worker's COMMIT reply lost: %v, %v", out, err)
+	if err == nil {
+		t.Skip("the COMMIT reply was not lost (the proxy did not see the coordinator's COMMIT)")
+	}
+	// What did the lost COMMIT do? The worker committed both checks.
+	committed := 0
+	for _, it := range items {
+		st, gerr := s.Get(ctx, it.Service, it.Entity)
+		if gerr == nil && st.Digest == it.Digest {
+			committed++
+		}
+	}
+	if committed != len(items) {
+		t.Skipf("the worker did not commit (%d of %d checks stored): nothing to prove", committed, len(items))
+	}
+	if !errors.Is(err, dedup.ErrUnavailable) {
+		t.Fatalf("CheckBatch committed on the worker but returned %v, not ErrUnavailable (outcome unknown): "+
+			"a caller, dam serve first, takes it for a refusal and decides the checks again, answering duplicate", err)
 	}
 }
