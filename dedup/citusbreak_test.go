@@ -345,3 +345,65 @@ func TestCitusCheckBatchLostWorkerCommitReply(t *testing.T) {
 			"a caller, dam serve first, takes it for a refusal and decides the checks again, answering duplicate", err)
 	}
 }
+
+// Finding: on Citus a decide that waits (or a zombie paused in the middle
+// of its decide transaction) stalls every other partition's decide, of
+// every service, even on identities it does not touch: partitions no
+// longer proceed in parallel, and one stuck row pauses the deployment.
+//
+// The claim (and the write) of a batch spread over several shards is a
+// multi-shard INSERT ... SELECT, which Citus executes in parallel; with
+// citus.enable_deadlock_prevention (on by default) it first takes a
+// ShareUpdateExclusiveLock on each shard it writes, on the coordinator, held
+// to the end of the transaction, and that lock conflicts with itself: only
+// one multi-shard modification per shard at a time. Every service's
+// identities share state's shards, so every decide of a batch of more than
+// one shard waits for the whole transaction of the one before it, and gives
+// up after lock_timeout (it is a coordinator lock) with ErrUnavailable. On
+// one server, disjoint identities never wait on each other. docs/citus.md
+// says only "decides that touch those rows wait"; a paused zombie holds its
+// claim until idle_in_transaction_session_timeout (10 s), a decide waiting on
+// a row of a prepared transaction (a worker lost between the two phases)
+// holds the shard locks for statement_timeout at every attempt until
+// Citus's recovery (a minute by default): meanwhile every partition
+// pauses.
+func TestCitusZombieClaimStallsDisjointPartitions(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	pb, epochB := partition(t, s, "b")
+
+	// A zombie: another partition's decide (another service even), paused
+	// after its first round trip (progress locked, identities claimed).
+	zombie, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zombie.Rollback(ctx)
+	var zents [][]byte
+	for i := range 8 {
+		zents = append(zents, []byte(fmt.Sprint("zombie-", i)))
+	}
+	if _, err := zombie.Exec(ctx, `INSERT INTO state AS s (service, entity, updated_at)
+		SELECT 'other', e, 'epoch' FROM unnest($1::bytea[]) AS u(e) ORDER BY e
+		ON CONFLICT (service, entity) DO UPDATE SET digest = s.digest WHERE false`, zents); err != nil {
+		t.Fatal(err)
+	}
+
+	// Partition b decides identities of its own service, none of the
+	// zombie's.
+	b := &dedup.Batch{Service: "svc", Partition: pb, Epoch: epochB, Start: 0, End: 8}
+	for i := range 8 {
+		b.Records = append(b.Records, dedup.Record{Offset: int64(i), Entity: []byte(fmt.Sprint("b-", i)), Digest: digest("x")})
+	}
+	dctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	out, err := s.Decide(dctx, b, nil)
+	if err != nil {
+		t.Fatalf("partition b's decide of identities nobody else touches, beside a paused zombie of another partition: %v after %v; "+
+			"want decided at once (on Citus it waits for the zombie's shard locks: every partition stalls)", err, time.Since(start))
+	}
+	if len(out) != 8 {
+		t.Fatalf("decisions %v", out)
+	}
+}
