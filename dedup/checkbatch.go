@@ -123,6 +123,10 @@ func (s *Store) checkBatchTx(ctx context.Context, items []CheckItem, out []Decis
 	if len(items) == 0 {
 		return out, nil
 	}
+	// The engine, learned once, tells what an error means (remoteFailure).
+	if _, err := s.Distributed(ctx); err != nil {
+		return out, err
+	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return out, classify("check batch", err)
@@ -143,6 +147,11 @@ func (s *Store) checkBatchTx(ctx context.Context, items []CheckItem, out []Decis
 	out, err = CheckBatch(ctx, tx, items, out)
 	if err != nil {
 		s.rollback(ctx, conn.Conn())
+		if s.remoteFailure(err) {
+			// On Citus, maybe committed: the outcome is unknown, as after
+			// a lost reply (see Store.classify).
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
 	}
 	return out, err
 }

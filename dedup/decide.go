@@ -154,9 +154,9 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 	}
 	if err != nil {
 		s.rollback(ctx, conn.Conn())
-		// Refused as Citus refuses a multi-shard FOR UPDATE: the tables
-		// were distributed under a running dam; run it again as a claim.
-		if !claim && s.forgetEngine(err) {
+		// Refused as Citus refuses the one-server shape: the tables were
+		// distributed under a running dam; run it again as a claim.
+		if !claim && s.relearn(ctx, err) {
 			return out, true, s.classify("decide", err)
 		}
 		return out, isRace(err), s.classify("decide", err)
@@ -218,6 +218,13 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		// Lost before or during COMMIT: the outcome may be either; classify
 		// says ErrUnavailable for connection errors, so recovery runs.
 		s.rollback(ctx, conn.Conn())
+		if !claim {
+			// Tables distributed under a running dam: once the engine is
+			// known, classify takes Citus's internal_error for what it is
+			// there (the outcome of a COMMIT it interrupts is unknown: the
+			// caller learns it from P, then decides again as a claim).
+			s.relearn(ctx, err)
+		}
 		return out[:0], isRace(err), s.classify("decide", err)
 	}
 	if advanced != 1 { // cannot happen: the progress row is locked above

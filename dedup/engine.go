@@ -55,29 +55,42 @@ func (s *Store) Distributed(ctx context.Context) (bool, error) {
 	return dist, nil
 }
 
-// forgetEngine makes the next Distributed ask again, after err, if err is
-// the refusal of a statement shape the engine does not run.
-func (s *Store) forgetEngine(err error) bool {
+// relearn learns the engine again after err, an error of the one-server
+// statements, if err may be Citus refusing them: feature_not_supported (a
+// multi-shard FOR UPDATE) or internal_error (a batch of one shard runs,
+// but a concurrent decider's unique violation comes back as XX000, with no
+// table name). It reports whether the tables are distributed now: the
+// batch is then decided again as a claim. On one server an internal error
+// stays what it was.
+func (s *Store) relearn(ctx context.Context, err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == codeNotSupported {
-		s.engine.Store(engineUnknown)
-		return true
+	if !errors.As(err, &pgErr) || (pgErr.Code != codeNotSupported && pgErr.Code != "XX000") {
+		return false
 	}
-	return false
+	s.engine.Store(engineUnknown)
+	dist, derr := s.Distributed(ctx)
+	return derr == nil && dist
 }
 
 // classify is the package's classify, knowing the engine. On Citus a
-// worker lost in the middle of a statement reaches the client through the
-// coordinator as internal_error (XX000, the connection's own message) or
-// io_error (58030, a shard's COPY failed), not as a connection error:
-// both are transient there, and the outcome of a commit they interrupt is
-// learned as after any lost reply (SettledProgress). On one server an
-// internal error stays permanent: it needs a person.
+// worker lost in the middle of a statement, or a worker's reply to COMMIT
+// lost, reaches the client through the coordinator as internal_error
+// (XX000: the connection's own message, or "could not commit transaction
+// for shard") or io_error (58030, a shard's COPY failed), not as a
+// connection error: both are transient there, and the outcome of a commit
+// they interrupt is unknown, learned as after any lost reply. On one
+// server an internal error stays permanent: it needs a person.
 func (s *Store) classify(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if err != nil && s.engine.Load() == engineDistributed && errors.As(err, &pgErr) &&
-		(pgErr.Code == "XX000" || pgErr.Code == "58030") {
+	if s.remoteFailure(err) {
 		return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
 	}
 	return classify(op, err)
+}
+
+// remoteFailure reports an error that classify makes ErrUnavailable on
+// Citus only (see classify), and not already so.
+func (s *Store) remoteFailure(err error) bool {
+	var pgErr *pgconn.PgError
+	return err != nil && s.engine.Load() == engineDistributed && !errors.Is(err, ErrUnavailable) &&
+		errors.As(err, &pgErr) && (pgErr.Code == "XX000" || pgErr.Code == "58030")
 }

@@ -312,5 +312,14 @@ func Check(ctx context.Context, db Querier, service string, entity []byte, d can
 
 // Check is Check on the store's pool, in its own autocommit transaction.
 func (s *Store) Check(ctx context.Context, service string, entity []byte, d canon.Digest) (Decision, error) {
-	return Check(ctx, s.pool, service, entity, d)
+	if _, err := s.Distributed(ctx); err != nil {
+		return 0, err
+	}
+	dec, err := Check(ctx, s.pool, service, entity, d)
+	if s.remoteFailure(err) {
+		// On Citus, maybe committed: the outcome is unknown (see
+		// Store.classify).
+		return dec, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return dec, err
 }
