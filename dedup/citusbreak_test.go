@@ -1,8 +1,8 @@
 package dedup_test
 
-// Adversarial tests of dam on Citus (branch citusbreak). Each test states
-// the finding it proves; they run on plain PostgreSQL too, where they pass,
-// and fail on Citus (DAM_TEST_CITUS=1) on today's code.
+// The adversarial review of dam on Citus: each test states the finding it
+// proved (it failed on Citus, DAM_TEST_CITUS=1, before the fix) and now
+// guards it. They run on plain PostgreSQL too.
 
 import (
 	"context"

@@ -1,6 +1,6 @@
 package serve_test
 
-// Adversarial tests of dam serve on Citus (branch citusbreak): see
+// Adversarial tests of dam serve on Citus, the review's findings: see
 // dedup/citusbreak_test.go.
 
 import (
