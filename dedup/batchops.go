@@ -173,22 +173,42 @@ func (s *Store) ResetService(ctx context.Context, service string, opts ...OpOpti
 }
 
 // pruneTotal is the expected number of rows a prune walks: the service's
-// rows, or the planner's estimate for the whole table (-1 before the
-// first ANALYZE).
+// rows, or the planner's estimate for the whole tables (-1 when unknown:
+// before the first ANALYZE).
 func (s *Store) pruneTotal(ctx context.Context, service string) (int64, error) {
 	if service != "" {
 		return s.Count(ctx, service)
 	}
-	var n float64
-	err := s.pool.QueryRow(ctx, `SELECT sum(reltuples) FROM pg_class WHERE oid IN ('state'::regclass, 'versions'::regclass)`).Scan(&n)
+	dist, err := s.Distributed(ctx)
 	if err != nil {
+		return 0, err
+	}
+	sql := sqlPruneTotal
+	if dist {
+		sql = sqlPruneTotalCitus
+	}
+	var n *float64
+	if err := s.pool.QueryRow(ctx, sql).Scan(&n); err != nil {
 		return 0, classify("prune state", err)
 	}
-	if n < 0 {
+	if n == nil || *n < 0 {
 		return -1, nil
 	}
-	return int64(n), nil
+	return int64(*n), nil
 }
+
+// The planner's estimate of the rows of state and versions. On Citus the
+// coordinator's tables are empty shells: the estimate is the sum of the
+// shards' own (as Citus's citus_stats view reads them), each read on its
+// worker; shards never analyzed count for nothing, and the total is NULL
+// (unknown) when none was, or when a shard could not be read.
+const (
+	sqlPruneTotal      = `SELECT sum(reltuples) FROM pg_class WHERE oid IN ('state'::regclass, 'versions'::regclass)`
+	sqlPruneTotalCitus = `SELECT CASE WHEN bool_and(success) THEN sum(greatest(result::float8, 0)) FILTER (WHERE result::float8 >= 0) END
+		FROM (SELECT success, CASE WHEN success THEN result END AS result
+			FROM unnest(ARRAY['state'::regclass, 'versions'::regclass]) AS t(rel),
+				run_command_on_shards(t.rel, $$SELECT reltuples FROM pg_class WHERE oid = '%s'::regclass$$)) r`
+)
 
 // PruneState deletes the last-seen and version state of identities (of
 // service, or of every service when service is "") not forwarded for

@@ -145,6 +145,26 @@ func TestPruneStateProgress(t *testing.T) {
 			t.Fatalf("steps %v, want %v", steps, want)
 		}
 
+		// Every service's: the total is the planner's estimate, unknown
+		// before the tables are analyzed (on Citus, the shards' estimates).
+		steps = nil
+		fillState(t, s, "q", 150)
+		if n, err := s.PruneState(ctx, "", time.Hour, dedup.WithProgress(func(st dedup.Step) { steps = append(steps, st) })); err != nil || n != 75 {
+			t.Fatalf("PruneState of every service: %d, %v", n, err)
+		}
+		if len(steps) != 1 || steps[0].Done != 275 || steps[0].Deleted != 75 || steps[0].Total != -1 && steps[0].Total < 275 {
+			t.Fatalf("steps %v, want {275 -1 75} (or a known total from an ANALYZE meanwhile)", steps)
+		}
+		if _, err := s.Pool().Exec(ctx, `ANALYZE state; ANALYZE versions`); err != nil {
+			t.Fatal(err)
+		}
+		steps = nil
+		if n, err := s.PruneState(ctx, "", time.Hour, dedup.WithProgress(func(st dedup.Step) { steps = append(steps, st) })); err != nil || n != 0 {
+			t.Fatalf("PruneState of every service again: %d, %v", n, err)
+		}
+		if want := []dedup.Step{{200, 200, 0}}; fmt.Sprint(steps) != fmt.Sprint(want) {
+			t.Fatalf("steps after ANALYZE %v, want %v (the estimate of 200 rows)", steps, want)
+		}
 	})
 }
 
