@@ -183,14 +183,14 @@ const sqlExpireCitus = `WITH doomed AS (
 		ORDER BY expires_at LIMIT $2)
 	DELETE FROM window_ids WHERE service = $1 AND id = ANY(ARRAY(SELECT id FROM doomed)) AND expires_at <= now()`
 
-// sqlWindowServices lists the services with window ids, one index probe
-// per service (a loose index scan).
-const sqlWindowServices = `WITH RECURSIVE s AS (
-		(SELECT service FROM window_ids ORDER BY service LIMIT 1)
-		UNION ALL
-		SELECT (SELECT w.service FROM window_ids w WHERE w.service > s.service ORDER BY w.service LIMIT 1)
-		FROM s WHERE s.service IS NOT NULL)
-	SELECT service FROM s WHERE service IS NOT NULL`
+// sqlWindowServices walks the services with window ids, one index probe
+// each (a loose index scan, driven from here: Citus runs no recursive
+// query over distributed tables, and takes each probe's min on every shard
+// at once). sqlFirstWindowService starts it.
+const (
+	sqlFirstWindowService = `SELECT min(service) FROM window_ids`
+	sqlNextWindowService  = `SELECT min(service) FROM window_ids WHERE service > $1`
+)
 
 // PruneWindow deletes the expired window-mode ids of service (of every
 // service when service is "") by statements of at most batch rows each (0:
@@ -201,13 +201,22 @@ func (s *Store) PruneWindow(ctx context.Context, service string, batch int) (int
 	if service != "" {
 		return s.expire(ctx, s.pool, service, batch)
 	}
-	rows, err := s.pool.Query(ctx, sqlWindowServices)
-	if err != nil {
-		return 0, classify("prune window", err)
-	}
-	services, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return 0, classify("prune window", err)
+	var services []string
+	for {
+		var svc *string
+		var err error
+		if len(services) == 0 {
+			err = s.pool.QueryRow(ctx, sqlFirstWindowService).Scan(&svc)
+		} else {
+			err = s.pool.QueryRow(ctx, sqlNextWindowService, services[len(services)-1]).Scan(&svc)
+		}
+		if err != nil {
+			return 0, classify("prune window", err)
+		}
+		if svc == nil {
+			break
+		}
+		services = append(services, *svc)
 	}
 	var total int64
 	for _, svc := range services {
