@@ -271,7 +271,9 @@ func (s *Store) PruneState(ctx context.Context, service string, olderThan time.D
 // over every shard: there a chunk's DELETE waits for the rows a concurrent
 // transaction holds and, under READ COMMITTED, deletes each only if it
 // still meets the DELETE's condition once that transaction has ended. Each
-// operation documents what its shapes mean for a concurrent Decide.
+// operation documents what its shapes mean for a concurrent Decide. A
+// chunk's ORDER BY ... LIMIT n runs on every shard, and the coordinator
+// merges their heads: up to n keys from each shard per chunk.
 
 // citusShapes reports whether s runs the statements written for Citus:
 // its tables are distributed (Distributed), or a test asked for them on

@@ -147,6 +147,7 @@ const (
 // waited for, and its age checked again once the Decide has committed: one
 // it forwarded (updated_at rewritten) is kept, one it only read (a
 // duplicate) is still old and goes, as if pruned just after the Decide.
+// (Citus evaluates now() on the coordinator: one cutoff for every shard.)
 // Each shard deletes walking its primary key in key order, as a Decide
 // locks; a deadlock across shards is broken by Citus and the chunk runs
 // again (see runChunk).
@@ -177,7 +178,9 @@ const sqlExpire = `WITH doomed AS (
 // committed. A Decide forwards an expired id afresh (it reads as absent),
 // moving its expiry on: such an id is kept. Each shard probes its ids in
 // key order, as a Decide locks them; a deadlock across shards is broken by
-// Citus and the statement runs again (see runChunk).
+// Citus and the statement runs again (see runChunk). Citus evaluates the
+// DELETE's now() on the coordinator, whose clock Decide reads; the
+// workers' clocks only choose the candidates.
 const sqlExpireCitus = `WITH doomed AS (
 		SELECT id FROM window_ids WHERE service = $1 AND expires_at <= now()
 		ORDER BY expires_at LIMIT $2)
