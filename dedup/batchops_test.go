@@ -300,3 +300,46 @@ func stateLeft(t *testing.T, s *dedup.Store, table, column string) string {
 	}
 	return left
 }
+
+// TestBatchOpsNoticeDistribution (Citus only): a store that learned its
+// tables were local, which are then distributed under it, has its first
+// batched operation refused (FOR UPDATE over several shards); it learns
+// the engine again and runs Citus's statements.
+func TestBatchOpsNoticeDistribution(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	if !distributed(t, s) {
+		t.Skip("needs Citus (make test-citus)")
+	}
+	ctx := context.Background()
+	tables := []string{"state", "versions", "window_ids", "progress", "decision_log"}
+	for i := len(tables) - 1; i >= 0; i-- {
+		if _, err := s.Pool().Exec(ctx, `SELECT undistribute_table($1)`, tables[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	learner, err := dedup.Open(ctx, s.Pool().Config().ConnString(), dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer learner.Close()
+	if distributed(t, learner) {
+		t.Fatal("the tables still read as distributed")
+	}
+	for _, sql := range []string{
+		`SELECT create_distributed_table('state', 'entity', colocate_with => 'none')`,
+		`SELECT create_distributed_table('versions', 'entity', colocate_with => 'state')`,
+		`SELECT create_distributed_table('window_ids', 'id', colocate_with => 'state')`,
+	} {
+		if _, err := s.Pool().Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fillState(t, learner, "svc", 10)
+	if n, err := learner.ResetService(ctx, "svc"); err != nil || n != 10 {
+		t.Fatalf("ResetService: %d, %v", n, err)
+	}
+	if !distributed(t, learner) {
+		t.Fatal("the store did not learn that its tables are distributed")
+	}
+}
