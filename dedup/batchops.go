@@ -204,7 +204,7 @@ func (s *Store) pruneTotal(ctx context.Context, service string) (int64, error) {
 // (unknown) when none was, or when a shard could not be read.
 const (
 	sqlPruneTotal      = `SELECT sum(reltuples) FROM pg_class WHERE oid IN ('state'::regclass, 'versions'::regclass)`
-	sqlPruneTotalCitus = `SELECT CASE WHEN bool_and(success) THEN sum(greatest(result::float8, 0)) FILTER (WHERE result::float8 >= 0) END
+	sqlPruneTotalCitus = `SELECT CASE WHEN bool_and(success) THEN sum(result::float8) FILTER (WHERE result::float8 >= 0) END
 		FROM (SELECT success, CASE WHEN success THEN result END AS result
 			FROM unnest(ARRAY['state'::regclass, 'versions'::regclass]) AS t(rel),
 				run_command_on_shards(t.rel, $$SELECT reltuples FROM pg_class WHERE oid = '%s'::regclass$$)) r`
