@@ -9,9 +9,11 @@ import (
 )
 
 // The engine under the store: one PostgreSQL server, or Citus (distributed
-// PostgreSQL) with dam's tables distributed by migration 005. Decide has a
-// statement shape for each (see tables.go); every other operation runs the
-// same statements on both.
+// PostgreSQL) with dam's tables distributed by migration 005. Decide
+// (tables.go) and the batched operations (batchops.go, ops.go: reset,
+// prune, the window cleanup) have a statement shape for each, since Citus
+// refuses a multi-shard SELECT ... FOR UPDATE; every other operation runs
+// the same statements on both.
 
 // Engine values of Store.engine.
 const (

@@ -53,8 +53,9 @@ type Store struct {
 	owns bool
 	// engine caches what Distributed learned (engineUnknown until then).
 	engine atomic.Int32
-	// claims makes Decide lock by writing on one server too (a test's
-	// setting; see Distributed).
+	// claims makes the store run the statements of Citus on one server too
+	// (a test's setting): Decide locks by writing, the batched operations
+	// delete without FOR UPDATE (see Distributed, citusShapes).
 	claims bool
 }
 
