@@ -36,6 +36,14 @@ TEST_TIMEOUT ?= 20m
 # the tests and make chaos build dam with it; go build ./cmd/dam has none.
 TEST_TAGS := damtest
 DEMO_RECORDS ?= 20000
+# make test-citus: the packages whose tests use a database (pgtest), run on
+# a throwaway Citus cluster (a coordinator and two workers per package).
+# Citus is built when missing: from CITUS_SRC (a checkout of
+# citusdata/citus v13.2.2) or ../shared/citus (scripts/install-citus.sh).
+CITUS_TEST_PKGS ?= ./dedup/... ./migrations/... ./explain/... ./serve/... ./pipeline/... \
+  ./internal/pglocal/... ./internal/pgtest/... ./cmd/dam/... ./examples/serveclient/... \
+  ./internal/e2e/... ./internal/interop/... ./internal/observe/... ./internal/servebench/...
+CITUS_TEST_TIMEOUT ?= 40m
 
 .DEFAULT_GOAL := help
 
@@ -68,6 +76,11 @@ test: deps chart rules ## Run every test with -race (starts a throwaway PostgreS
 	$(GO) vet ./...
 	$(GO) vet -tags $(TEST_TAGS) ./...
 	HELM=$(CURDIR)/$(HELM) $(GO) test -tags $(TEST_TAGS) -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+.PHONY: test-citus
+test-citus: deps ## Run the database tests with -race on a throwaway Citus cluster (distributed PostgreSQL; installs Citus when missing)
+	./scripts/install-citus.sh
+	DAM_TEST_CITUS=1 $(GO) test -tags $(TEST_TAGS) -race -count=1 -timeout $(CITUS_TEST_TIMEOUT) $(CITUS_TEST_PKGS)
 
 $(HELM):
 	@mkdir -p bin

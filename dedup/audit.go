@@ -44,7 +44,7 @@ func (s *Store) DecisionAt(ctx context.Context, p Partition, offset int64) (Offs
 	err := s.pool.QueryRow(ctx, `SELECT min(first_offset), max(end_offset) FROM decision_log
 		WHERE grp = $1 AND topic = $2 AND part = $3`, p.Group, p.Topic, p.Partition).Scan(&from, &to)
 	if err != nil {
-		return od, classify("decision at", err)
+		return od, s.classify("decision at", err)
 	}
 	if from != nil {
 		od.HasLog, od.LogFrom, od.LogTo = true, *from, *to
@@ -62,7 +62,7 @@ func (s *Store) DecisionAt(ctx context.Context, p Partition, offset int64) (Offs
 		return od, nil
 	}
 	if err != nil {
-		return od, classify("decision at", err)
+		return od, s.classify("decision at", err)
 	}
 	if len(offsets) != len(decisions) || len(offsets) != len(entities) {
 		return od, fmt.Errorf("dedup: decision at: decision_log row at %d has arrays of different lengths", od.First)
@@ -91,7 +91,7 @@ func (s *Store) LastForward(ctx context.Context, p Partition, entity []byte, bef
 		WHERE grp = $1 AND topic = $2 AND part = $3 AND first_offset < $4
 		ORDER BY first_offset DESC`, p.Group, p.Topic, p.Partition, before)
 	if err != nil {
-		return LoggedForward{}, false, classify("last forward", err)
+		return LoggedForward{}, false, s.classify("last forward", err)
 	}
 	var best LoggedForward
 	found := false
@@ -111,7 +111,7 @@ func (s *Store) LastForward(ctx context.Context, p Partition, entity []byte, bef
 		return nil
 	})
 	if err != nil {
-		return LoggedForward{}, false, classify("last forward", err)
+		return LoggedForward{}, false, s.classify("last forward", err)
 	}
 	return best, found, nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Step reports the progress of a batched state operation (ResetService,
@@ -57,10 +58,23 @@ func newOpOptions(def int, opts []OpOption) opOptions {
 // deletes.
 const resetBatch = 5000
 
+// sqlResetEntities deletes the identities $2 of service $1 from every
+// mode's table, waiting for those a Decide holds. The same statement on
+// both engines: one server probes each table's primary key in key order,
+// the order in which a Decide locks; on Citus each shard does, and a
+// deadlock across shards is broken by Citus and the batch runs again.
+const sqlResetEntities = `WITH
+	a AS (DELETE FROM state WHERE service = $1 AND entity = ANY($2::bytea[]) RETURNING 1),
+	b AS (DELETE FROM window_ids WHERE service = $1 AND id = ANY($2::bytea[]) RETURNING 1),
+	c AS (DELETE FROM versions WHERE service = $1 AND entity = ANY($2::bytea[]) RETURNING 1)
+	SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b) + (SELECT count(*) FROM c)`
+
 // ResetEntities deletes the state of the given entities (or window-mode
 // ids) of service, in every mode's table, in batches of one short statement
 // each, and returns how many identities it removed (entities without state
-// count for nothing). Their next records are forwarded.
+// count for nothing). Their next records are forwarded. A batch waits for
+// the identities a Decide holds, then deletes them with the state it
+// wrote.
 func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]byte, opts ...OpOption) (int64, error) {
 	if service == "" {
 		return 0, fmt.Errorf("%w: empty service", ErrInvalid)
@@ -74,11 +88,9 @@ func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]
 			chunk[i] = nonNil(e)
 		}
 		var n int64
-		err := s.pool.QueryRow(ctx, `WITH
-			a AS (DELETE FROM state WHERE service = $1 AND entity = ANY($2::bytea[]) RETURNING 1),
-			b AS (DELETE FROM window_ids WHERE service = $1 AND id = ANY($2::bytea[]) RETURNING 1),
-			c AS (DELETE FROM versions WHERE service = $1 AND entity = ANY($2::bytea[]) RETURNING 1)
-			SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM b) + (SELECT count(*) FROM c)`, service, chunk).Scan(&n)
+		err := s.runChunk(ctx, func(bool) error {
+			return s.pool.QueryRow(ctx, sqlResetEntities, service, chunk).Scan(&n)
+		})
 		if err != nil {
 			return deleted, classify("reset", err)
 		}
@@ -92,11 +104,30 @@ func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]
 // key in chunks (keyset pagination from the last identity deleted), each
 // chunk one statement: locked, deleted, committed. The verbs are the table,
 // its identity column and the comparison.
+//
+// One server: the chunk's rows are locked (FOR UPDATE, waiting for a
+// decider holding one) in key order, the order in which a Decide locks
+// them too, then deleted.
 const sqlResetChunk = `WITH chunk AS (
 		SELECT %[2]s AS k FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 ORDER BY %[2]s LIMIT $3 FOR UPDATE),
 	gone AS (
 		DELETE FROM %[1]s s USING chunk c WHERE s.service = $1 AND s.%[2]s = c.k RETURNING 1)
 	SELECT (SELECT count(*) FROM gone), k FROM chunk ORDER BY k DESC LIMIT 1`
+
+// sqlResetChunkCitus is sqlResetChunk on Citus, which refuses FOR UPDATE
+// over several shards: the chunk is read without locks, and the DELETE
+// removes the key range it spans, waiting for a row a decider holds. An
+// identity created in that range meanwhile goes too (as if decided before
+// the reset). Each shard deletes its rows walking its primary key in key
+// order, as a Decide locks them; a deadlock across shards is broken by
+// Citus and the chunk runs again (see runChunk).
+const sqlResetChunkCitus = `WITH chunk AS (
+		SELECT %[2]s AS k FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 ORDER BY %[2]s LIMIT $3),
+	last AS (
+		SELECT k FROM chunk ORDER BY k DESC LIMIT 1),
+	gone AS (
+		DELETE FROM %[1]s USING last WHERE service = $1 AND %[2]s %[3]s $2 AND %[2]s <= last.k RETURNING 1)
+	SELECT (SELECT count(*) FROM gone), k FROM last`
 
 // identityTables are every mode's state tables and their identity columns.
 var identityTables = [...]struct{ table, column string }{{"state", "entity"}, {"window_ids", "id"}, {"versions", "entity"}}
@@ -104,8 +135,8 @@ var identityTables = [...]struct{ table, column string }{{"state", "entity"}, {"
 // ResetService deletes the state of every identity of service, in every
 // mode's table, in batches of one short statement each (never one long
 // transaction holding every row's lock), and returns how many identities
-// it removed. An identity decided while the reset runs may keep its new
-// state.
+// it removed. A batch waits for the identities a Decide holds. An identity
+// decided while the reset runs may keep its new state.
 func (s *Store) ResetService(ctx context.Context, service string, opts ...OpOption) (int64, error) {
 	if service == "" {
 		return 0, fmt.Errorf("%w: empty service", ErrInvalid)
@@ -120,7 +151,13 @@ func (s *Store) ResetService(ctx context.Context, service string, opts ...OpOpti
 		op, last := ">=", []byte{} // from the smallest key, the empty entity included
 		for {
 			var n int64
-			err := s.pool.QueryRow(ctx, fmt.Sprintf(sqlResetChunk, t.table, t.column, op), service, last, o.batch).Scan(&n, &last)
+			err := s.runChunk(ctx, func(citus bool) error {
+				sql := sqlResetChunk
+				if citus {
+					sql = sqlResetChunkCitus
+				}
+				return s.pool.QueryRow(ctx, fmt.Sprintf(sql, t.table, t.column, op), service, last, o.batch).Scan(&n, &last)
+			})
 			if errors.Is(err, pgx.ErrNoRows) { // past the last row
 				break
 			}
@@ -136,30 +173,51 @@ func (s *Store) ResetService(ctx context.Context, service string, opts ...OpOpti
 }
 
 // pruneTotal is the expected number of rows a prune walks: the service's
-// rows, or the planner's estimate for the whole table (-1 before the
-// first ANALYZE).
+// rows, or the planner's estimate for the whole tables (-1 when unknown:
+// before the first ANALYZE).
 func (s *Store) pruneTotal(ctx context.Context, service string) (int64, error) {
 	if service != "" {
 		return s.Count(ctx, service)
 	}
-	var n float64
-	err := s.pool.QueryRow(ctx, `SELECT sum(reltuples) FROM pg_class WHERE oid IN ('state'::regclass, 'versions'::regclass)`).Scan(&n)
+	dist, err := s.Distributed(ctx)
 	if err != nil {
+		return 0, err
+	}
+	sql := sqlPruneTotal
+	if dist {
+		sql = sqlPruneTotalCitus
+	}
+	var n *float64
+	if err := s.pool.QueryRow(ctx, sql).Scan(&n); err != nil {
 		return 0, classify("prune state", err)
 	}
-	if n < 0 {
+	if n == nil || *n < 0 {
 		return -1, nil
 	}
-	return int64(n), nil
+	return int64(*n), nil
 }
+
+// The planner's estimate of the rows of state and versions. On Citus the
+// coordinator's tables are empty shells: the estimate is the sum of the
+// shards' own (as Citus's citus_stats view reads them), each read on its
+// worker; shards never analyzed count for nothing, and the total is NULL
+// (unknown) when none was, or when a shard could not be read.
+const (
+	sqlPruneTotal      = `SELECT sum(reltuples) FROM pg_class WHERE oid IN ('state'::regclass, 'versions'::regclass)`
+	sqlPruneTotalCitus = `SELECT CASE WHEN bool_and(success) THEN sum(result::float8) FILTER (WHERE result::float8 >= 0) END
+		FROM (SELECT success, CASE WHEN success THEN result END AS result
+			FROM unnest(ARRAY['state'::regclass, 'versions'::regclass]) AS t(rel),
+				run_command_on_shards(t.rel, $$SELECT reltuples FROM pg_class WHERE oid = '%s'::regclass$$)) r`
+)
 
 // PruneState deletes the last-seen and version state of identities (of
 // service, or of every service when service is "") not forwarded for
 // olderThan, walking each table's primary key in batches of one short
 // statement each (default 10000 rows walked per batch), and returns how
 // many it deleted. The next record of a pruned identity is forwarded (in
-// version mode, even one older than what was forwarded before). Window ids
-// expire by themselves: see PruneWindow.
+// version mode, even one older than what was forwarded before). An
+// identity a Decide forwards while the prune runs is kept (see
+// sqlPruneChunk). Window ids expire by themselves: see PruneWindow.
 func (s *Store) PruneState(ctx context.Context, service string, olderThan time.Duration, opts ...OpOption) (int64, error) {
 	if olderThan < 0 {
 		return 0, fmt.Errorf("%w: negative age %v", ErrInvalid, olderThan)
@@ -179,8 +237,14 @@ func (s *Store) PruneState(ctx context.Context, service string, olderThan time.D
 		lastService, lastEntity := service, []byte{}
 		for {
 			var n, chunk int64
-			err := s.pool.QueryRow(ctx, fmt.Sprintf(sqlPruneChunk, table, cond),
-				lastService, lastEntity, o.batch, olderThan.Seconds()).Scan(&n, &chunk, &lastService, &lastEntity)
+			err := s.runChunk(ctx, func(citus bool) error {
+				sql := sqlPruneChunk
+				if citus {
+					sql = sqlPruneChunkCitus
+				}
+				return s.pool.QueryRow(ctx, fmt.Sprintf(sql, table, cond),
+					lastService, lastEntity, o.batch, olderThan.Seconds()).Scan(&n, &chunk, &lastService, &lastEntity)
+			})
 			if errors.Is(err, pgx.ErrNoRows) { // past the last row
 				break
 			}
@@ -198,4 +262,60 @@ func (s *Store) PruneState(ctx context.Context, service string, olderThan time.D
 		}
 	}
 	return deleted, nil
+}
+
+// The batched operations run one statement shape on each engine, like
+// Decide (see tables.go). On one server a chunk locks its rows with
+// SELECT ... FOR UPDATE [SKIP LOCKED] before deleting them. Citus refuses
+// FOR UPDATE over several shards, and one service's identities are spread
+// over every shard: there a chunk's DELETE waits for the rows a concurrent
+// transaction holds and, under READ COMMITTED, deletes each only if it
+// still meets the DELETE's condition once that transaction has ended. Each
+// operation documents what its shapes mean for a concurrent Decide. A
+// chunk's ORDER BY ... LIMIT n runs on every shard, and the coordinator
+// merges their heads: up to n keys from each shard per chunk.
+
+// citusShapes reports whether s runs the statements written for Citus:
+// its tables are distributed (Distributed), or a test asked for them on
+// one server (SetClaims).
+func (s *Store) citusShapes(ctx context.Context) (bool, error) {
+	if s.claims {
+		return true, nil
+	}
+	return s.Distributed(ctx)
+}
+
+// runChunk runs fn, one statement of a batched operation, in the shape of
+// the store's engine (citus: see citusShapes), and runs it again when it
+// changed nothing because of a concurrent transaction: a deadlock (with a
+// Decide locking the same rows in another order; on Citus, across shards)
+// rolled it back, or, once, the engine refused the one-server shape
+// (feature_not_supported: the tables were distributed under a running
+// dam). Its error is fn's, unclassified.
+func (s *Store) runChunk(ctx context.Context, fn func(citus bool) error) error {
+	relearned := false
+	for attempt := 1; ; attempt++ {
+		citus, err := s.citusShapes(ctx)
+		if err != nil {
+			return err
+		}
+		err = fn(citus)
+		if err == nil || attempt >= maxDecideAttempts || ctx.Err() != nil {
+			return err
+		}
+		switch {
+		case !citus && !relearned && s.relearn(ctx, err):
+			relearned = true
+		case isDeadlock(err):
+		default:
+			return err
+		}
+	}
+}
+
+// isDeadlock reports a statement rolled back by a deadlock (on Citus, a
+// distributed deadlock too): it changed nothing.
+func isDeadlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40P01"
 }

@@ -28,9 +28,10 @@ type Batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// sqlCheck is Check's compare-and-set.
+// sqlCheck is Check's compare-and-set. (updated_at = EXCLUDED.updated_at,
+// not now(): Citus allows only immutable functions in DO UPDATE SET.)
 const sqlCheck = `INSERT INTO state AS s (service, entity, digest, updated_at) VALUES ($1, $2, $3, now())
-		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = now(),
+		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = EXCLUDED.updated_at,
 			src_topic = NULL, src_partition = NULL, src_offset = NULL
 		WHERE s.digest IS DISTINCT FROM EXCLUDED.digest
 		RETURNING 1`
@@ -122,6 +123,10 @@ func (s *Store) checkBatchTx(ctx context.Context, items []CheckItem, out []Decis
 	if len(items) == 0 {
 		return out, nil
 	}
+	// The engine, learned once, tells what an error means (remoteFailure).
+	if _, err := s.Distributed(ctx); err != nil {
+		return out, err
+	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return out, classify("check batch", err)
@@ -142,6 +147,11 @@ func (s *Store) checkBatchTx(ctx context.Context, items []CheckItem, out []Decis
 	out, err = CheckBatch(ctx, tx, items, out)
 	if err != nil {
 		s.rollback(ctx, conn.Conn())
+		if s.remoteFailure(err) {
+			// On Citus, maybe committed: the outcome is unknown, as after
+			// a lost reply (see Store.classify).
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
 	}
 	return out, err
 }

@@ -30,13 +30,15 @@ const (
 	// them.
 	sqlClock = `SELECT clock_timestamp()`
 
-	sqlLog = `INSERT INTO decision_log (grp, topic, part, first_offset, end_offset, offsets, decisions, entities)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+	sqlLog = `INSERT INTO decision_log (grp, topic, part, first_offset, end_offset, offsets, decisions, entities, logged_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 		ON CONFLICT (grp, topic, part, first_offset) DO UPDATE SET end_offset = EXCLUDED.end_offset,
 			offsets = EXCLUDED.offsets, decisions = EXCLUDED.decisions, entities = EXCLUDED.entities,
-			logged_at = now()`
+			logged_at = EXCLUDED.logged_at`
 	// ON CONFLICT: a stale row at the same offset can only exist when an
 	// operator moved progress back by hand; the new decisions replace it.
+	// logged_at is the decision time, a parameter: Citus allows only
+	// immutable functions in DO UPDATE SET.
 
 	// GREATEST ignores a NULL: an unknown delivered offset leaves the
 	// recorded one.
@@ -82,8 +84,11 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 	// back: nothing changed, so the batch is simply decided again.
 	var err error
 	for attempt := 1; ; attempt++ {
-		var raced bool
-		out, raced, err = s.decideOnce(ctx, b, entities, idx, out)
+		var claim, raced bool
+		if claim, err = s.Distributed(ctx); err != nil {
+			return out, err
+		}
+		out, raced, err = s.decideOnce(ctx, b, entities, idx, claim || s.claims, out)
 		if !raced {
 			break
 		}
@@ -110,18 +115,21 @@ var maxDecideAttempts = 5
 // decideOnce is one transaction of Decide. raced reports a rollback caused
 // by a concurrent decider (a new identity created meanwhile, a deadlock):
 // nothing changed and the batch may be decided again at once.
-func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx map[string]int, out []Decision) (_ []Decision, raced bool, _ error) {
+//
+// claim selects the statements that lock by writing (Citus; see tables.go).
+func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx map[string]int, claim bool, out []Decision) (_ []Decision, raced bool, _ error) {
 	out = out[:0]
 	p := b.Partition
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return out, false, classify("decide", err)
+		return out, false, s.classify("decide", err)
 	}
 	// A connection left inside a transaction (after an error) is closed, not
 	// reused, by Release.
 	defer conn.Release()
 	table := newTableTxn(b.Rule)
 	ids := newIdentities(b.Rule, entities, idx)
+	ids.claim = claim
 
 	// Round trip 1: begin, lock progress, lock the identities that exist,
 	// read the clock.
@@ -146,7 +154,12 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 	}
 	if err != nil {
 		s.rollback(ctx, conn.Conn())
-		return out, isRace(err), classify("decide", err)
+		// Refused as Citus refuses the one-server shape: the tables were
+		// distributed under a running dam; run it again as a claim.
+		if !claim && s.relearn(ctx, err) {
+			return out, true, s.classify("decide", err)
+		}
+		return out, isRace(err), s.classify("decide", err)
 	}
 	if epoch != b.Epoch || next == nil || *next != b.Start {
 		s.rollback(ctx, conn.Conn())
@@ -187,7 +200,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		if logOffsets == nil { // NOT NULL columns: empty arrays, not NULL
 			logOffsets, logDecisions, logEntities = []int64{}, []int16{}, [][]byte{}
 		}
-		rt2.Queue(sqlLog, p.Group, p.Topic, p.Partition, b.Start, b.End, logOffsets, logDecisions, logEntities)
+		rt2.Queue(sqlLog, p.Group, p.Topic, p.Partition, b.Start, b.End, logOffsets, logDecisions, logEntities, now)
 	}
 	var advanced int64
 	var delivered *int64
@@ -205,7 +218,14 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		// Lost before or during COMMIT: the outcome may be either; classify
 		// says ErrUnavailable for connection errors, so recovery runs.
 		s.rollback(ctx, conn.Conn())
-		return out[:0], isRace(err), classify("decide", err)
+		if !claim {
+			// Tables distributed under a running dam: once the engine is
+			// known, classify takes Citus's internal_error for what it is
+			// there (the outcome of a COMMIT it interrupts is unknown: the
+			// caller learns it from P, then decides again as a claim).
+			s.relearn(ctx, err)
+		}
+		return out[:0], isRace(err), s.classify("decide", err)
 	}
 	if advanced != 1 { // cannot happen: the progress row is locked above
 		return out[:0], false, fmt.Errorf("dedup: decide: progress of %s/%d not advanced", p.Topic, p.Partition)

@@ -1,5 +1,7 @@
 package dedup
 
+import "context"
+
 // SetDecideAttempts sets the base number of runs of a Decide that loses
 // races, for a test, and returns a function restoring it.
 func SetDecideAttempts(n int) (restore func()) {
@@ -7,3 +9,23 @@ func SetDecideAttempts(n int) (restore func()) {
 	maxDecideAttempts = n
 	return func() { maxDecideAttempts = old }
 }
+
+// SetClaims makes s run the statements of Citus on any engine, for a
+// test: Decide locks by writing, and ResetService, PruneState, PruneWindow
+// and CleanupWindow delete without FOR UPDATE.
+func SetClaims(s *Store) { s.claims = true }
+
+// Classify classifies err as a store of the given engine does.
+func Classify(distributed bool, err error) error {
+	s := &Store{}
+	if distributed {
+		s.engine.Store(engineDistributed)
+	} else {
+		s.engine.Store(engineOneServer)
+	}
+	return s.classify("op", err)
+}
+
+// CitusShapes reports whether s runs the statements written for Citus
+// (its tables are distributed, or SetClaims).
+func CitusShapes(ctx context.Context, s *Store) (bool, error) { return s.citusShapes(ctx) }

@@ -71,11 +71,16 @@ var registerModel = porcupine.Model{
 // against last-seen semantics with porcupine.
 func TestLinearizable(t *testing.T) {
 	t.Parallel()
+	shapes(t, testLinearizable)
+}
+
+func testLinearizable(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
 	s, err := dedup.Open(context.Background(), pgtest.DSN(t), dedup.Config{MaxConns: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	shape(s)
 	const (
 		workers  = 32
 		opsEach  = 25

@@ -87,3 +87,45 @@ func decideAll(t testing.TB, s *dedup.Store, service string, p dedup.Partition, 
 	}
 	return all
 }
+
+// distributed reports whether s's tables are distributed (the tests run on
+// Citus, make test-citus): Decide then claims its identities.
+func distributed(t testing.TB, s *dedup.Store) bool {
+	t.Helper()
+	d, err := s.Distributed(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// shapes runs fn once per statement shape of Decide that this server
+// runs: on one server its own (SELECT ... FOR UPDATE) and Citus's (claims,
+// locking by writing, which plain PostgreSQL runs too); on Citus the
+// claims only. shape prepares each store the test opens.
+func shapes(t *testing.T, fn func(t *testing.T, shape func(*dedup.Store) *dedup.Store)) {
+	t.Run("select-for-update", func(t *testing.T) {
+		t.Parallel()
+		fn(t, func(s *dedup.Store) *dedup.Store { return s })
+	})
+	t.Run("claim", func(t *testing.T) {
+		t.Parallel()
+		fn(t, func(s *dedup.Store) *dedup.Store { dedup.SetClaims(s); return s })
+	})
+}
+
+// waiting reports whether a session waits for a lock that another holds:
+// on Citus the waits happen on the workers, and citus_lock_waits gathers
+// them on the coordinator.
+func waiting(ctx context.Context, t testing.TB, s *dedup.Store) bool {
+	t.Helper()
+	q := `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted)`
+	if distributed(t, s) {
+		q = `SELECT EXISTS (SELECT FROM citus_lock_waits)`
+	}
+	var w bool
+	if err := s.Pool().QueryRow(ctx, q).Scan(&w); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}

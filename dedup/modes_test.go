@@ -274,11 +274,17 @@ func TestDecideRejectsInvalidRules(t *testing.T) {
 // version is forwarded and stored.
 func TestConcurrentDecidersWindowAndVersion(t *testing.T) {
 	t.Parallel()
+	shapes(t, func(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
+		testConcurrentDeciders(t, shape)
+	})
+}
+
+func testConcurrentDeciders(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
 	const deciders, batches, perBatch, ids = 4, 6, 150, 200
 	for _, rule := range []dedup.Rule{{Mode: dedup.Window, Window: time.Hour}, {Mode: dedup.Version}} {
 		t.Run(rule.Mode.String(), func(t *testing.T) {
 			t.Parallel()
-			s := newStore(t)
+			s := shape(newStore(t))
 			var mu sync.Mutex
 			forwards := map[string][]int64{} // identity: versions forwarded
 			highest := map[string]int64{}
@@ -367,60 +373,56 @@ func TestDecideNewIdentityRaceModes(t *testing.T) {
 		{dedup.Rule{Mode: dedup.Version},
 			`INSERT INTO versions (service, entity, version, digest, updated_at) VALUES ('svc', 'new', 7, $1, now())`},
 	}
-	for _, tc := range cases {
-		t.Run(tc.rule.Mode.String(), func(t *testing.T) {
-			t.Parallel()
-			s := newStore(t)
-			ctx := context.Background()
-			st := newStream(t, s, "race", tc.rule)
-			other, err := s.Pool().Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
+	shapes(t, func(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
+		for _, tc := range cases {
+			testDecideNewIdentityRaceMode(t, shape(newStore(t)), tc.rule, tc.insert)
+		}
+	})
+}
+
+func testDecideNewIdentityRaceMode(t *testing.T, s *dedup.Store, rule dedup.Rule, insert string) {
+	t.Run(rule.Mode.String(), func(t *testing.T) {
+		ctx := context.Background()
+		st := newStream(t, s, "race-"+rule.Mode.String(), rule)
+		other, err := s.Pool().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Rollback(ctx)
+		d := digest("A")
+		if _, err := other.Exec(ctx, insert, d[:]); err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			got []dedup.Decision
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			b := &dedup.Batch{Service: "svc", Partition: st.p, Epoch: st.epoch, Rule: rule, Start: 0, End: 1,
+				Records: []dedup.Record{{Offset: 0, Entity: []byte("new"), Digest: d, Version: 7}}}
+			got, err := s.Decide(ctx, b, nil)
+			done <- result{got, err}
+		}()
+		// Wait until Decide's insert waits on the open transaction.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			// (Not inside other: it would see one snapshot of the activity.)
+			if waiting(ctx, t, s) {
+				break
 			}
-			defer other.Rollback(ctx)
-			d := digest("A")
-			if _, err := other.Exec(ctx, tc.insert, d[:]); err != nil {
-				t.Fatal(err)
+			if time.Now().After(deadline) {
+				t.Fatal("Decide never waited for the concurrent insert")
 			}
-			var backend int
-			if err := other.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
-				t.Fatal(err)
-			}
-			type result struct {
-				got []dedup.Decision
-				err error
-			}
-			done := make(chan result, 1)
-			go func() {
-				b := &dedup.Batch{Service: "svc", Partition: st.p, Epoch: st.epoch, Rule: tc.rule, Start: 0, End: 1,
-					Records: []dedup.Record{{Offset: 0, Entity: []byte("new"), Digest: d, Version: 7}}}
-				got, err := s.Decide(ctx, b, nil)
-				done <- result{got, err}
-			}()
-			// Wait until Decide's insert waits on the open transaction.
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				var waiting bool
-				// (Not inside other: it would see one snapshot of the activity.)
-				if err := s.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))`, backend).Scan(&waiting); err != nil {
-					t.Fatal(err)
-				}
-				if waiting {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("Decide never waited for the concurrent insert")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-			if err := other.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if r := <-done; r.err != nil || !slices.Equal(r.got, []dedup.Decision{D}) {
-				t.Fatalf("Decide after losing the race: %v, %v; want [Duplicate]", r.got, r.err)
-			}
-		})
-	}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := other.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-done; r.err != nil || !slices.Equal(r.got, []dedup.Decision{D}) {
+			t.Fatalf("Decide after losing the race: %v, %v; want [Duplicate]", r.got, r.err)
+		}
+	})
 }
 
 // TestPruneWindowAndCleanup: expired ids (by the database's clock) are
@@ -428,139 +430,143 @@ func TestDecideNewIdentityRaceModes(t *testing.T) {
 // CleanupWindow runs only while no other session holds the service's lock.
 func TestPruneWindowAndCleanup(t *testing.T) {
 	t.Parallel()
-	s := newStore(t)
-	ctx := context.Background()
-	rule := dedup.Rule{Mode: dedup.Window, Window: time.Hour}
-	past, now := time.Now().Add(-2*time.Hour), time.Now()
-	for _, svc := range []string{"a", "b"} {
-		st := newStream(t, s, "in-"+svc, rule)
-		st.svc = svc
-		var old, fresh []vrec
-		for i := range 25 {
-			old = append(old, vrec{fmt.Sprint("old-", i), "x", 0})
+	shapes(t, func(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
+		s := shape(newStore(t))
+		ctx := context.Background()
+		rule := dedup.Rule{Mode: dedup.Window, Window: time.Hour}
+		past, now := time.Now().Add(-2*time.Hour), time.Now()
+		for _, svc := range []string{"a", "b"} {
+			st := newStream(t, s, "in-"+svc, rule)
+			st.svc = svc
+			var old, fresh []vrec
+			for i := range 25 {
+				old = append(old, vrec{fmt.Sprint("old-", i), "x", 0})
+			}
+			for i := range 5 {
+				fresh = append(fresh, vrec{fmt.Sprint("new-", i), "x", 0})
+			}
+			st.decide(past, old...)
+			st.decide(now, fresh...)
 		}
-		for i := range 5 {
-			fresh = append(fresh, vrec{fmt.Sprint("new-", i), "x", 0})
+		stats, err := s.Stats(ctx)
+		if err != nil || len(stats) != 2 || stats[0].Mode != dedup.Window || stats[0].Rows != 30 || stats[0].Expired != 25 {
+			t.Fatalf("Stats: %+v, %v", stats, err)
 		}
-		st.decide(past, old...)
-		st.decide(now, fresh...)
-	}
-	stats, err := s.Stats(ctx)
-	if err != nil || len(stats) != 2 || stats[0].Mode != dedup.Window || stats[0].Rows != 30 || stats[0].Expired != 25 {
-		t.Fatalf("Stats: %+v, %v", stats, err)
-	}
-	if n, err := s.Count(ctx, "a"); err != nil || n != 30 {
-		t.Fatalf("Count: %d, %v", n, err)
-	}
-	if n, err := s.PruneWindow(ctx, "a", 10); err != nil || n != 25 {
-		t.Fatalf("PruneWindow(a) in batches of 10: %d, %v; want 25", n, err)
-	}
+		if n, err := s.Count(ctx, "a"); err != nil || n != 30 {
+			t.Fatalf("Count: %d, %v", n, err)
+		}
+		if n, err := s.PruneWindow(ctx, "a", 10); err != nil || n != 25 {
+			t.Fatalf("PruneWindow(a) in batches of 10: %d, %v; want 25", n, err)
+		}
 
-	// Another instance's cleanup holds b's lock: this one skips.
-	conn, err := s.Pool().Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	lock := `hashtext('dam.window_cleanup'), hashtext(current_schema() || '/' || 'b')`
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(`+lock+`)`); err != nil {
-		t.Fatal(err)
-	}
-	if n, ran, err := s.CleanupWindow(ctx, "b", 7); err != nil || ran || n != 0 {
-		t.Fatalf("CleanupWindow while locked elsewhere: %d, %v, %v", n, ran, err)
-	}
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(`+lock+`)`); err != nil {
-		t.Fatal(err)
-	}
-	if n, ran, err := s.CleanupWindow(ctx, "b", 7); err != nil || !ran || n != 25 {
-		t.Fatalf("CleanupWindow: %d, %v, %v; want 25", n, ran, err)
-	}
-	// The lock was released: it can be taken again (by this session too).
-	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+lock+`)`).Scan(&got); err != nil || !got {
-		t.Fatalf("lock after CleanupWindow: %v, %v", got, err)
-	}
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(`+lock+`)`); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := s.PruneWindow(ctx, "", 0); err != nil || n != 0 {
-		t.Fatalf("PruneWindow(all) after cleanup: %d, %v", n, err)
-	}
-	stats, err = s.Stats(ctx)
-	if err != nil || len(stats) != 2 || stats[0].Rows != 5 || stats[1].Rows != 5 || stats[0].Expired != 0 {
-		t.Fatalf("Stats after cleanup: %+v, %v", stats, err)
-	}
+		// Another instance's cleanup holds b's lock: this one skips.
+		conn, err := s.Pool().Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		lock := `hashtext('dam.window_cleanup'), hashtext(current_schema() || '/' || 'b')`
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(`+lock+`)`); err != nil {
+			t.Fatal(err)
+		}
+		if n, ran, err := s.CleanupWindow(ctx, "b", 7); err != nil || ran || n != 0 {
+			t.Fatalf("CleanupWindow while locked elsewhere: %d, %v, %v", n, ran, err)
+		}
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(`+lock+`)`); err != nil {
+			t.Fatal(err)
+		}
+		if n, ran, err := s.CleanupWindow(ctx, "b", 7); err != nil || !ran || n != 25 {
+			t.Fatalf("CleanupWindow: %d, %v, %v; want 25", n, ran, err)
+		}
+		// The lock was released: it can be taken again (by this session too).
+		var got bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+lock+`)`).Scan(&got); err != nil || !got {
+			t.Fatalf("lock after CleanupWindow: %v, %v", got, err)
+		}
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(`+lock+`)`); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := s.PruneWindow(ctx, "", 0); err != nil || n != 0 {
+			t.Fatalf("PruneWindow(all) after cleanup: %d, %v", n, err)
+		}
+		stats, err = s.Stats(ctx)
+		if err != nil || len(stats) != 2 || stats[0].Rows != 5 || stats[1].Rows != 5 || stats[0].Expired != 0 {
+			t.Fatalf("Stats after cleanup: %+v, %v", stats, err)
+		}
 
-	// An expired id of every service goes with service "".
-	for _, svc := range []string{"a", "b"} {
-		st := newStream(t, s, "more-"+svc, rule)
-		st.svc = svc
-		st.decide(past, vrec{"old-again", "x", 0})
-	}
-	if n, err := s.PruneWindow(ctx, "", 0); err != nil || n != 2 {
-		t.Fatalf("PruneWindow(all): %d, %v; want 2", n, err)
-	}
+		// An expired id of every service goes with service "".
+		for _, svc := range []string{"a", "b"} {
+			st := newStream(t, s, "more-"+svc, rule)
+			st.svc = svc
+			st.decide(past, vrec{"old-again", "x", 0})
+		}
+		if n, err := s.PruneWindow(ctx, "", 0); err != nil || n != 2 {
+			t.Fatalf("PruneWindow(all): %d, %v; want 2", n, err)
+		}
+	})
 }
 
 // TestStateOpsEveryMode: Get, Reset, Count, Stats and PruneState see every
 // mode's table.
 func TestStateOpsEveryMode(t *testing.T) {
 	t.Parallel()
-	s := newStore(t)
-	ctx := context.Background()
-	ls := newStream(t, s, "ls", dedup.Rule{})
-	ls.svc = "ls"
-	ls.decide(time.Time{}, vrec{"e1", "A", 0}, vrec{"e2", "A", 0})
-	win := newStream(t, s, "win", dedup.Rule{Mode: dedup.Window, Window: time.Hour})
-	win.svc = "win"
-	win.decide(time.Time{}, vrec{"id1", "A", 0}, vrec{"id2", "A", 0}, vrec{"id3", "A", 0})
-	ver := newStream(t, s, "ver", dedup.Rule{Mode: dedup.Version})
-	ver.svc = "ver"
-	ver.decide(time.Time{}, vrec{"e1", "A", 4}, vrec{"e2", "A", 9})
+	shapes(t, func(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
+		s := shape(newStore(t))
+		ctx := context.Background()
+		ls := newStream(t, s, "ls", dedup.Rule{})
+		ls.svc = "ls"
+		ls.decide(time.Time{}, vrec{"e1", "A", 0}, vrec{"e2", "A", 0})
+		win := newStream(t, s, "win", dedup.Rule{Mode: dedup.Window, Window: time.Hour})
+		win.svc = "win"
+		win.decide(time.Time{}, vrec{"id1", "A", 0}, vrec{"id2", "A", 0}, vrec{"id3", "A", 0})
+		ver := newStream(t, s, "ver", dedup.Rule{Mode: dedup.Version})
+		ver.svc = "ver"
+		ver.decide(time.Time{}, vrec{"e1", "A", 4}, vrec{"e2", "A", 9})
 
-	stats, err := s.Stats(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, st := range stats {
-		got = append(got, fmt.Sprintf("%s %v %d", st.Service, st.Mode, st.Rows))
-	}
-	if want := []string{"ls last-seen 2", "ver version 2", "win window 3"}; !slices.Equal(got, want) {
-		t.Fatalf("Stats: %q, want %q", got, want)
-	}
-	if st, err := s.Get(ctx, "ver", []byte("e2")); err != nil || st.Mode != dedup.Version || st.Version != 9 {
-		t.Fatalf("Get version: %+v, %v", st, err)
-	}
-	if st, err := s.Get(ctx, "win", []byte("id2")); err != nil || st.Mode != dedup.Window || st.ExpiresAt.Sub(st.UpdatedAt) != time.Hour {
-		t.Fatalf("Get window: %+v, %v", st, err)
-	}
-	if n, err := s.Reset(ctx, "win", []byte("id1"), []byte("nope")); err != nil || n != 1 {
-		t.Fatalf("Reset one id: %d, %v", n, err)
-	}
-	if got := win.decide(time.Time{}, vrec{"id1", "A", 0}, vrec{"id2", "A", 0}); !slices.Equal(got, []dedup.Decision{F, D}) {
-		t.Fatalf("after reset: %v", got)
-	}
-	if n, err := s.Reset(ctx, "ver"); err != nil || n != 2 {
-		t.Fatalf("Reset service: %d, %v", n, err)
-	}
-	if got := ver.decide(time.Time{}, vrec{"e2", "A", 1}); !slices.Equal(got, []dedup.Decision{F}) {
-		t.Fatalf("after reset: %v", got)
-	}
-	if _, err := s.Pool().Exec(ctx, `UPDATE versions SET updated_at = now() - interval '2 hours'`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Pool().Exec(ctx, `UPDATE state SET updated_at = now() - interval '2 hours' WHERE entity = 'e1'`); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := s.PruneState(ctx, "", time.Hour); err != nil || n != 2 {
-		t.Fatalf("PruneState over state and versions: %d, %v; want 2", n, err)
-	}
-	for svc, want := range map[string]int64{"ls": 1, "win": 3, "ver": 0} {
-		if n, err := s.Count(ctx, svc); err != nil || n != want {
-			t.Errorf("Count(%s): %d, %v; want %d", svc, n, err, want)
+		stats, err := s.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		var got []string
+		for _, st := range stats {
+			got = append(got, fmt.Sprintf("%s %v %d", st.Service, st.Mode, st.Rows))
+		}
+		if want := []string{"ls last-seen 2", "ver version 2", "win window 3"}; !slices.Equal(got, want) {
+			t.Fatalf("Stats: %q, want %q", got, want)
+		}
+		if st, err := s.Get(ctx, "ver", []byte("e2")); err != nil || st.Mode != dedup.Version || st.Version != 9 {
+			t.Fatalf("Get version: %+v, %v", st, err)
+		}
+		if st, err := s.Get(ctx, "win", []byte("id2")); err != nil || st.Mode != dedup.Window || st.ExpiresAt.Sub(st.UpdatedAt) != time.Hour {
+			t.Fatalf("Get window: %+v, %v", st, err)
+		}
+		if n, err := s.Reset(ctx, "win", []byte("id1"), []byte("nope")); err != nil || n != 1 {
+			t.Fatalf("Reset one id: %d, %v", n, err)
+		}
+		if got := win.decide(time.Time{}, vrec{"id1", "A", 0}, vrec{"id2", "A", 0}); !slices.Equal(got, []dedup.Decision{F, D}) {
+			t.Fatalf("after reset: %v", got)
+		}
+		if n, err := s.Reset(ctx, "ver"); err != nil || n != 2 {
+			t.Fatalf("Reset service: %d, %v", n, err)
+		}
+		if got := ver.decide(time.Time{}, vrec{"e2", "A", 1}); !slices.Equal(got, []dedup.Decision{F}) {
+			t.Fatalf("after reset: %v", got)
+		}
+		if _, err := s.Pool().Exec(ctx, `UPDATE versions SET updated_at = now() - interval '2 hours'`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Pool().Exec(ctx, `UPDATE state SET updated_at = now() - interval '2 hours' WHERE entity = 'e1'`); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := s.PruneState(ctx, "", time.Hour); err != nil || n != 2 {
+			t.Fatalf("PruneState over state and versions: %d, %v; want 2", n, err)
+		}
+		for svc, want := range map[string]int64{"ls": 1, "win": 3, "ver": 0} {
+			if n, err := s.Count(ctx, svc); err != nil || n != want {
+				t.Errorf("Count(%s): %d, %v; want %d", svc, n, err, want)
+			}
+		}
+	})
 }
 
 // TestGetMode: a service that changed mode and back decides against its

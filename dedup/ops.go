@@ -120,9 +120,11 @@ const pruneBatch = 10000
 // pagination: one pass over the rows, whatever their age) and delete the
 // chunk's rows older than the cutoff. There is no index on updated_at: it
 // would cost every decided record an index insertion (no HOT update).
-// Rows locked by a Decide in progress are skipped: they are being written
-// now, so they are not old. The table (state or versions) is the first
-// verb, the condition the second.
+// The table (state or versions) is the first verb, the condition the
+// second.
+//
+// One server: rows locked by a Decide in progress are skipped (SKIP
+// LOCKED): they are being written now, so they are not old.
 const (
 	sqlPruneChunk = `WITH chunk AS (
 			SELECT service, entity FROM %[1]s WHERE %[2]s ORDER BY service, entity LIMIT $3),
@@ -139,26 +141,59 @@ const (
 	pruneNextAll      = `(service, entity) > ($1, $2)`
 )
 
+// sqlPruneChunkCitus is sqlPruneChunk on Citus, which refuses FOR UPDATE
+// over several shards: the chunk is read without locks, and the DELETE
+// removes the old rows of the key range it spans. A row a Decide holds is
+// waited for, and its age checked again once the Decide has committed: one
+// it forwarded (updated_at rewritten) is kept, one it only read (a
+// duplicate) is still old and goes, as if pruned just after the Decide.
+// (Citus evaluates now() on the coordinator: one cutoff for every shard.)
+// Each shard deletes walking its primary key in key order, as a Decide
+// locks; a deadlock across shards is broken by Citus and the chunk runs
+// again (see runChunk).
+const sqlPruneChunkCitus = `WITH chunk AS (
+		SELECT service, entity FROM %[1]s WHERE %[2]s ORDER BY service, entity LIMIT $3),
+	last AS (
+		SELECT service AS last_service, entity AS last_entity FROM chunk ORDER BY service DESC, entity DESC LIMIT 1),
+	gone AS (
+		DELETE FROM %[1]s USING last WHERE %[2]s AND (service, entity) <= (last_service, last_entity)
+			AND updated_at < now() - make_interval(secs => $4) RETURNING 1)
+	SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM chunk), last_service, last_entity FROM last`
+
 // DefaultCleanupBatch is the number of expired window ids PruneWindow and
 // CleanupWindow delete per statement when given 0.
 const DefaultCleanupBatch = 1000
 
 // sqlExpire deletes up to $2 expired ids of service $1, oldest first along
-// the expiry index, in one short autocommit statement. Rows a Decide holds
-// are skipped: it is deciding them now.
+// the expiry index, in one short autocommit statement. One server: rows a
+// Decide holds are skipped (SKIP LOCKED): it is deciding them now.
 const sqlExpire = `WITH doomed AS (
 		SELECT id FROM window_ids WHERE service = $1 AND expires_at <= now()
 		ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)
 	DELETE FROM window_ids w USING doomed d WHERE w.service = $1 AND w.id = d.id`
 
-// sqlWindowServices lists the services with window ids, one index probe
-// per service (a loose index scan).
-const sqlWindowServices = `WITH RECURSIVE s AS (
-		(SELECT service FROM window_ids ORDER BY service LIMIT 1)
-		UNION ALL
-		SELECT (SELECT w.service FROM window_ids w WHERE w.service > s.service ORDER BY w.service LIMIT 1)
-		FROM s WHERE s.service IS NOT NULL)
-	SELECT service FROM s WHERE service IS NOT NULL`
+// sqlExpireCitus is sqlExpire on Citus, which refuses FOR UPDATE over
+// several shards: the ids are chosen without locks, and the DELETE waits
+// for those a Decide holds and checks their expiry again once it has
+// committed. A Decide forwards an expired id afresh (it reads as absent),
+// moving its expiry on: such an id is kept. Each shard probes its ids in
+// key order, as a Decide locks them; a deadlock across shards is broken by
+// Citus and the statement runs again (see runChunk). Citus evaluates the
+// DELETE's now() on the coordinator, whose clock Decide reads; the
+// workers' clocks only choose the candidates.
+const sqlExpireCitus = `WITH doomed AS (
+		SELECT id FROM window_ids WHERE service = $1 AND expires_at <= now()
+		ORDER BY expires_at LIMIT $2)
+	DELETE FROM window_ids WHERE service = $1 AND id = ANY(ARRAY(SELECT id FROM doomed)) AND expires_at <= now()`
+
+// sqlWindowServices walks the services with window ids, one index probe
+// each (a loose index scan, driven from here: Citus runs no recursive
+// query over distributed tables, and takes each probe's min on every shard
+// at once). sqlFirstWindowService starts it.
+const (
+	sqlFirstWindowService = `SELECT min(service) FROM window_ids`
+	sqlNextWindowService  = `SELECT min(service) FROM window_ids WHERE service > $1`
+)
 
 // PruneWindow deletes the expired window-mode ids of service (of every
 // service when service is "") by statements of at most batch rows each (0:
@@ -169,13 +204,22 @@ func (s *Store) PruneWindow(ctx context.Context, service string, batch int) (int
 	if service != "" {
 		return s.expire(ctx, s.pool, service, batch)
 	}
-	rows, err := s.pool.Query(ctx, sqlWindowServices)
-	if err != nil {
-		return 0, classify("prune window", err)
-	}
-	services, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return 0, classify("prune window", err)
+	var services []string
+	for {
+		var svc *string
+		var err error
+		if len(services) == 0 {
+			err = s.pool.QueryRow(ctx, sqlFirstWindowService).Scan(&svc)
+		} else {
+			err = s.pool.QueryRow(ctx, sqlNextWindowService, services[len(services)-1]).Scan(&svc)
+		}
+		if err != nil {
+			return 0, classify("prune window", err)
+		}
+		if svc == nil {
+			break
+		}
+		services = append(services, *svc)
 	}
 	var total int64
 	for _, svc := range services {
@@ -199,7 +243,16 @@ func (s *Store) expire(ctx context.Context, db execer, service string, batch int
 	}
 	var total int64
 	for {
-		ct, err := db.Exec(ctx, sqlExpire, service, batch)
+		var ct pgconn.CommandTag
+		err := s.runChunk(ctx, func(citus bool) error {
+			sql := sqlExpire
+			if citus {
+				sql = sqlExpireCitus
+			}
+			var err error
+			ct, err = db.Exec(ctx, sql, service, batch)
+			return err
+		})
 		if err != nil {
 			return total, classify("prune window", err)
 		}
@@ -219,7 +272,8 @@ const cleanupLockKey = `hashtext('dam.window_cleanup'), hashtext(current_schema(
 // returns ran false, having deleted nothing, when another session (another
 // instance's cleanup) holds it. Each statement still deletes at most batch
 // rows in its own transaction: the lock only keeps the instances from
-// competing for the same rows.
+// competing for the same rows. (On Citus the lock is the coordinator's:
+// instances connected to other nodes do not see it, and compete safely.)
 func (s *Store) CleanupWindow(ctx context.Context, service string, batch int) (deleted int64, ran bool, err error) {
 	if service == "" {
 		return 0, false, fmt.Errorf("%w: empty service", ErrInvalid)
@@ -247,8 +301,8 @@ func (s *Store) CleanupWindow(ctx context.Context, service string, batch int) (d
 
 // Count returns the number of identities of service with a stored state,
 // in every mode's table (window ids not yet deleted included). It reads
-// only that service's part of each primary key, unlike Stats, which reads
-// whole tables.
+// only that service's part of each primary key (on Citus, of every
+// shard's), unlike Stats, which reads whole tables.
 func (s *Store) Count(ctx context.Context, service string) (int64, error) {
 	var n int64
 	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM state WHERE service = $1 AND digest IS NOT NULL)
@@ -312,5 +366,14 @@ func Check(ctx context.Context, db Querier, service string, entity []byte, d can
 
 // Check is Check on the store's pool, in its own autocommit transaction.
 func (s *Store) Check(ctx context.Context, service string, entity []byte, d canon.Digest) (Decision, error) {
-	return Check(ctx, s.pool, service, entity, d)
+	if _, err := s.Distributed(ctx); err != nil {
+		return 0, err
+	}
+	dec, err := Check(ctx, s.pool, service, entity, d)
+	if s.remoteFailure(err) {
+		// On Citus, maybe committed: the outcome is unknown (see
+		// Store.classify).
+		return dec, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return dec, err
 }

@@ -111,12 +111,14 @@ func TestDecideContextDeadline(t *testing.T) {
 }
 
 // TestLockTimeoutIsUnavailable: a decider blocked by a zombie's row lock
-// gives up after lock_timeout with ErrUnavailable and changes nothing.
+// gives up after lock_timeout with ErrUnavailable and changes nothing. On
+// Citus the wait happens on a worker, which does not get the session's
+// lock_timeout: statement_timeout (here 1s) bounds it instead.
 func TestLockTimeoutIsUnavailable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
-	s, err := dedup.Open(ctx, dsn, dedup.Config{LockTimeout: 200 * time.Millisecond})
+	s, err := dedup.Open(ctx, dsn, dedup.Config{LockTimeout: 200 * time.Millisecond, StatementTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func (s *Store) Acquire(ctx context.Context, p Partition) (Progress, error) {
 		ON CONFLICT (grp, topic, part) DO UPDATE SET epoch = p.epoch + 1
 		RETURNING epoch, next_offset, delivered, topic_id`, p.Group, p.Topic, p.Partition))
 	if err != nil {
-		return Progress{}, classify("acquire", err)
+		return Progress{}, s.classify("acquire", err)
 	}
 	return pr, nil
 }
@@ -75,7 +75,7 @@ func (s *Store) BindTopic(ctx context.Context, p Partition, epoch int64, id [16]
 		return [16]byte{}, fmt.Errorf("%w: %s/%d group %q: epoch %d is not current", ErrFenced, p.Topic, p.Partition, p.Group, epoch)
 	}
 	if err != nil {
-		return [16]byte{}, classify("bind topic", err)
+		return [16]byte{}, s.classify("bind topic", err)
 	}
 	return bound.Bytes, nil
 }
@@ -102,7 +102,7 @@ func (s *Store) SetDelivered(ctx context.Context, ds []Delivered) error {
 	_, err := s.pool.Exec(ctx, `UPDATE progress AS p SET delivered = GREATEST(p.delivered, u.o)
 		FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[]) AS u(g, t, pt, o)
 		WHERE p.grp = u.g AND p.topic = u.t AND p.part = u.pt`, grps, topics, parts, offsets)
-	return classify("set delivered", err)
+	return s.classify("set delivered", err)
 }
 
 // InitProgress sets P of a partition whose P was never set (Acquire
@@ -114,7 +114,7 @@ func (s *Store) InitProgress(ctx context.Context, p Partition, epoch, next int64
 		WHERE grp = $1 AND topic = $2 AND part = $3 AND epoch = $4
 		AND (next_offset IS NULL OR next_offset = $5)`, p.Group, p.Topic, p.Partition, epoch, next)
 	if err != nil {
-		return classify("init progress", err)
+		return s.classify("init progress", err)
 	}
 	if ct.RowsAffected() != 1 {
 		return fmt.Errorf("%w: %s/%d group %q: epoch %d is not current or progress is already set",
@@ -132,7 +132,7 @@ func (s *Store) Logged(ctx context.Context, p Partition, from, to int64) (entrie
 		WHERE grp = $1 AND topic = $2 AND part = $3 AND end_offset > $4 AND first_offset < $5
 		ORDER BY first_offset`, p.Group, p.Topic, p.Partition, from, to)
 	if err != nil {
-		return nil, false, classify("logged", err)
+		return nil, false, s.classify("logged", err)
 	}
 	reached := from // covered up to here
 	var first, end int64
@@ -154,7 +154,7 @@ func (s *Store) Logged(ctx context.Context, p Partition, from, to int64) (entrie
 		return nil
 	})
 	if err != nil {
-		return nil, false, classify("logged", err)
+		return nil, false, s.classify("logged", err)
 	}
 	return entries, reached >= to, nil
 }
@@ -168,7 +168,7 @@ func (s *Store) LogStart(ctx context.Context, p Partition) (first int64, ok bool
 	err = s.pool.QueryRow(ctx, `SELECT min(first_offset) FROM decision_log WHERE grp = $1 AND topic = $2 AND part = $3`,
 		p.Group, p.Topic, p.Partition).Scan(&f)
 	if err != nil {
-		return 0, false, classify("log start", err)
+		return 0, false, s.classify("log start", err)
 	}
 	if f == nil {
 		return 0, false, nil
@@ -182,7 +182,7 @@ func (s *Store) PruneLog(ctx context.Context, p Partition, below int64) (int64, 
 	ct, err := s.pool.Exec(ctx, `DELETE FROM decision_log
 		WHERE grp = $1 AND topic = $2 AND part = $3 AND end_offset <= $4`, p.Group, p.Topic, p.Partition, below)
 	if err != nil {
-		return 0, classify("prune log", err)
+		return 0, s.classify("prune log", err)
 	}
 	return ct.RowsAffected(), nil
 }

@@ -40,16 +40,18 @@ func TestRulesAgree(t *testing.T) {
 			t.Logf("seed %d: go test ./dedup -run TestRulesAgree -args -rules.seed=%d", seed, seed)
 		}
 	})
-	rng := rand.New(rand.NewPCG(seed, seed>>32))
-	s := newStore(t)
-	const histories = 48
-	for h := range histories {
-		hs := newHistory(t, s, rng, h)
-		hs.run(12 + rng.IntN(12))
-		if t.Failed() {
-			return
+	shapes(t, func(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
+		rng := rand.New(rand.NewPCG(seed, seed>>32))
+		s := shape(newStore(t))
+		const histories = 48
+		for h := range histories {
+			hs := newHistory(t, s, rng, h)
+			hs.run(12 + rng.IntN(12))
+			if t.Failed() {
+				return
+			}
 		}
-	}
+	})
 }
 
 // history is one partition's records decided under one rule, and the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,6 +51,12 @@ const (
 type Store struct {
 	pool *pgxpool.Pool
 	owns bool
+	// engine caches what Distributed learned (engineUnknown until then).
+	engine atomic.Int32
+	// claims makes the store run the statements of Citus on one server too
+	// (a test's setting): Decide locks by writing, the batched operations
+	// delete without FOR UPDATE (see Distributed, citusShapes).
+	claims bool
 }
 
 // Open builds a pool for dsn (URL or keyword/value form; parameters such as

@@ -9,21 +9,39 @@ import (
 )
 
 // Each mode's table in a Decide transaction. Per transaction, a tableTxn
-// queues the statement locking the batch's identities that exist and
-// reading their state (round trip 1); Decide then runs the rule
-// (Rule.Decide, rules.go) on each record in offset order, in memory, and
-// the tableTxn queues the statements writing what changed (round trip 2).
-// In every table, identities the lock found are rewritten by an upsert,
-// identities it did not find are written by a plain INSERT whose unique
-// violation, if a concurrent decider created one of them meanwhile, rolls
-// the transaction back to be run again (see Decide). Existing rows are
-// locked in key order, the same in every batch, so concurrent batches do
-// not deadlock on them.
+// queues the statements locking the batch's identities and reading their
+// state (round trip 1); Decide then runs the rule (Rule.Decide, rules.go)
+// on each record in offset order, in memory, and the tableTxn queues the
+// statements writing what changed (round trip 2).
+//
+// Two shapes lock, one per engine (Store.Distributed):
+//
+//   - One server: SELECT ... FOR UPDATE locks and reads the identities
+//     that exist, in key order (the same in every batch, so concurrent
+//     batches do not deadlock on them). Identities it did not find are
+//     written by a plain INSERT whose unique violation, if a concurrent
+//     decider created one of them meanwhile, rolls the transaction back to
+//     be run again (see Decide). New identities cost no placeholder row.
+//   - Citus refuses SELECT ... FOR UPDATE over several shards, and a batch's
+//     identities are spread over every shard. There, a claim locks by
+//     writing: INSERT ... ON CONFLICT DO UPDATE ... WHERE false inserts a
+//     placeholder row for each new identity and locks each existing one
+//     without changing it, then a plain SELECT reads them all, in the same
+//     transaction, after the locks are held. A placeholder reads as no
+//     state (state: NULL digest; window_ids and versions: empty digest),
+//     and is overwritten before commit, since a new identity's first
+//     record is always forwarded. A concurrent decider of a new identity
+//     waits on the placeholder instead of losing a race; a deadlock between
+//     shards is broken by Citus and run again (see Decide).
+//
+// Both shapes read the same state and run the same rule; their writes are
+// the same upserts.
 
 // tableTxn is one mode's table in one Decide transaction.
 type tableTxn interface {
-	// queueLock queues the statement that locks and reads the stored state
-	// of ids's entities (those that exist) into ids.
+	// queueLock queues the statements that lock ids's entities and read
+	// their stored state (of those that exist) into ids, in the shape
+	// ids.claim says.
 	queueLock(rt1 *pgx.Batch, service string, ids *identities)
 	// queueWrites queues the statements writing ids's changed identities.
 	queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time)
@@ -42,7 +60,10 @@ func newTableTxn(r Rule) tableTxn {
 // identities are the distinct identities of a batch, sorted (the order in
 // which they are locked), with their state as the batch goes.
 type identities struct {
-	rule     Rule
+	rule Rule
+	// claim: the identities are locked by a claim (Citus's shape): every
+	// one has a row, so every changed one is written by an upsert.
+	claim    bool
 	entities [][]byte
 	idx      map[string]int // entity -> index in entities
 	// state is each identity's state: as the lock read it, then as each of
@@ -97,7 +118,7 @@ func (ids *identities) queueChanged(rt2 *pgx.Batch, upsert, insert string, args 
 	for i, c := range ids.changed {
 		switch {
 		case !c:
-		case ids.found[i]:
+		case ids.found[i] || ids.claim:
 			found = append(found, i)
 		default:
 			added = append(added, i)
@@ -148,6 +169,13 @@ const (
 
 	sqlInsertState = `INSERT INTO state (service, entity, digest, updated_at, src_topic, src_partition, src_offset)
 		SELECT $1, e, d, $7, $2, $3, o FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(e, d, o) ORDER BY e`
+
+	// Citus: the claim (a placeholder's digest is NULL), then the read.
+	sqlClaimState = `INSERT INTO state AS s (service, entity, updated_at)
+		SELECT $1, e, 'epoch' FROM unnest($2::bytea[]) AS u(e) ORDER BY e
+		ON CONFLICT (service, entity) DO UPDATE SET digest = s.digest WHERE false`
+	sqlReadState        = `SELECT entity, digest FROM state WHERE service = $1 AND entity = ANY($2::bytea[])`
+	sqlReadStateRefresh = `SELECT entity, digest, updated_at FROM state WHERE service = $1 AND entity = ANY($2::bytea[])`
 )
 
 // lastSeenTxn is table state. With refresh, the lock also reads when each
@@ -156,7 +184,14 @@ type lastSeenTxn struct{ refresh bool }
 
 func (t lastSeenTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
 	sql := sqlLockState
-	if t.refresh {
+	switch {
+	case ids.claim:
+		rt1.Queue(sqlClaimState, service, ids.entities)
+		sql = sqlReadState
+		if t.refresh {
+			sql = sqlReadStateRefresh
+		}
+	case t.refresh:
 		sql = sqlLockStateRefresh
 	}
 	rt1.Queue(sql, service, ids.entities).Query(func(rs pgx.Rows) error {
@@ -199,13 +234,24 @@ const (
 
 	// Sliding: the repeated ids' windows restart now.
 	sqlExtendWindow = `UPDATE window_ids SET expires_at = $3 WHERE service = $1 AND id = ANY($2::bytea[])`
+
+	// Citus: the claim (a placeholder's digest is empty), then the read.
+	sqlClaimWindow = `INSERT INTO window_ids AS w (service, id, expires_at, forwarded_at, digest)
+		SELECT $1, i, 'epoch', 'epoch', '' FROM unnest($2::bytea[]) AS u(i) ORDER BY i
+		ON CONFLICT (service, id) DO UPDATE SET expires_at = w.expires_at WHERE false`
+	sqlReadWindow = `SELECT id, expires_at FROM window_ids WHERE service = $1 AND id = ANY($2::bytea[]) AND digest <> ''`
 )
 
 // windowTxn is table window_ids.
 type windowTxn struct{ window time.Duration }
 
 func (t windowTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
-	rt1.Queue(sqlLockWindow, service, ids.entities).Query(func(rs pgx.Rows) error {
+	sql := sqlLockWindow
+	if ids.claim {
+		rt1.Queue(sqlClaimWindow, service, ids.entities)
+		sql = sqlReadWindow
+	}
+	rt1.Queue(sql, service, ids.entities).Query(func(rs pgx.Rows) error {
 		var id []byte
 		var exp time.Time
 		_, err := pgx.ForEachRow(rs, []any{&id, &exp}, func() error {
@@ -248,13 +294,24 @@ const (
 
 	sqlInsertVersion = `INSERT INTO versions (service, entity, version, digest, updated_at, src_topic, src_partition, src_offset)
 		SELECT $1, e, n, d, $8, $2, $3, o FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[]) AS u(e, n, d, o) ORDER BY e`
+
+	// Citus: the claim (a placeholder's digest is empty), then the read.
+	sqlClaimVersion = `INSERT INTO versions AS v (service, entity, version, digest, updated_at)
+		SELECT $1, e, 0, '', 'epoch' FROM unnest($2::bytea[]) AS u(e) ORDER BY e
+		ON CONFLICT (service, entity) DO UPDATE SET version = v.version WHERE false`
+	sqlReadVersion = `SELECT entity, version FROM versions WHERE service = $1 AND entity = ANY($2::bytea[]) AND digest <> ''`
 )
 
 // versionTxn is table versions.
 type versionTxn struct{}
 
 func (versionTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
-	rt1.Queue(sqlLockVersion, service, ids.entities).Query(func(rs pgx.Rows) error {
+	sql := sqlLockVersion
+	if ids.claim {
+		rt1.Queue(sqlClaimVersion, service, ids.entities)
+		sql = sqlReadVersion
+	}
+	rt1.Queue(sql, service, ids.entities).Query(func(rs pgx.Rows) error {
 		var e []byte
 		var v int64
 		_, err := pgx.ForEachRow(rs, []any{&e, &v}, func() error {

@@ -28,8 +28,14 @@
 //     invalid records, used by recovery to re-deliver [C, P).
 //   - dam_schema_version(version): the applied migration version (tern).
 //
+// On a database with the citus extension (distributed PostgreSQL),
+// migration 005 distributes the tables over the workers: state, versions
+// and window_ids by identity, co-located; progress and decision_log by
+// partition (part), co-located. On plain PostgreSQL it does nothing.
+//
 // Concurrent runs are safe: tern holds a PostgreSQL advisory lock while it
-// migrates, so a second Up waits and then finds nothing to do.
+// migrates (on Citus, on the coordinator), so a second Up waits and then
+// finds nothing to do.
 package migrations
 
 import (

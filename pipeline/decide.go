@@ -290,8 +290,10 @@ func (w *worker) decideOnce(b *dedup.Batch) ([]dedup.Decision, error) {
 
 // decideResolving is one attempt of decide for retryStep. After an outage
 // error the transaction's outcome is unknown (a lost COMMIT reply looks the
-// same as a refused BEGIN), so it is learned from P, waiting for the store
-// as long as it takes, before anything else: P at b.End means the batch
+// same as a refused BEGIN), so it is learned from P once the transaction
+// has settled (SettledProgress: on Citus a two-phase commit may still be
+// in flight on a worker), waiting for the store as long as it takes,
+// before anything else: P at b.End means the batch
 // committed (its decisions are read back from the log), P at b.Start that it
 // did not (retried after the backoff); anything else means another owner.
 // Deciding again without knowing would fence a batch that did commit.
@@ -306,7 +308,7 @@ func (w *worker) decideResolving(b *dedup.Batch) ([]dedup.Decision, error) {
 	prog, perr := retryStep(w, sideDecide, "reading progress after a failed decide", w.d.metrics.storeErrors, storeOp(func() (dedup.Progress, error) {
 		ctx, cancel := w.storeCtx(w.decideCtx())
 		defer cancel()
-		return w.d.store.ReadProgress(ctx, w.part)
+		return w.d.store.SettledProgress(ctx, w.part)
 	}))
 	if perr != nil {
 		return nil, retry.Permanent(perr)
@@ -372,7 +374,7 @@ func (w *worker) decisionsFromLog(b *dedup.Batch) ([]dedup.Decision, error) {
 // where to resume.
 func (w *worker) flush() error {
 	ctx, cancel := w.storeCtx(w.decideCtx())
-	prog, err := w.d.store.ReadProgress(ctx, w.part)
+	prog, err := w.d.store.SettledProgress(ctx, w.part)
 	cancel()
 	if err != nil {
 		return err

@@ -208,18 +208,14 @@ func TestExactlyOnceReplayKeepsOwedEntity(t *testing.T) {
 // group (a permanent error, as a broken grant or schema would be).
 func failAcquire(t *testing.T, dsn, group string) {
 	t.Helper()
-	st := openStore(t, dsn)
-	if _, err := st.Pool().Exec(context.Background(), fmt.Sprintf(`
-		CREATE FUNCTION refuse_acquire() RETURNS trigger LANGUAGE plpgsql AS $$
+	createTrigger(t, openStore(t, dsn), fmt.Sprintf(`CREATE FUNCTION refuse_acquire() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.grp = %s AND NEW.epoch > OLD.epoch THEN
 				RAISE EXCEPTION 'acquire refused for the test' USING ERRCODE = 'XX000';
 			END IF;
 			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse_acquire BEFORE UPDATE ON progress FOR EACH ROW EXECUTE FUNCTION refuse_acquire();`, quoteLiteral(group))); err != nil {
-		t.Fatal(err)
-	}
+		END $$`, quoteLiteral(group)),
+		`CREATE TRIGGER refuse_acquire BEFORE UPDATE ON progress FOR EACH ROW EXECUTE FUNCTION refuse_acquire()`)
 }
 
 func quoteLiteral(s string) string { return "'" + s + "'" }

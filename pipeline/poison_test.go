@@ -175,17 +175,34 @@ func TestLongIdentityHaltsWithoutDeadLetter(t *testing.T) {
 // record that passed dam's own checks could still be refused.
 func storeRefuses(t *testing.T, dsn string) {
 	t.Helper()
-	st := openStore(t, dsn)
-	if _, err := st.Pool().Exec(context.Background(), `
-		CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+	createTrigger(t, openStore(t, dsn), `CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.entity = 'poison'::bytea THEN
 				RAISE EXCEPTION 'value refused for the test' USING ERRCODE = '22023';
 			END IF;
 			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON state FOR EACH ROW EXECUTE FUNCTION refuse_poison();`); err != nil {
+		END $$`,
+		`CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON state FOR EACH ROW EXECUTE FUNCTION refuse_poison()`)
+}
+
+// createTrigger creates a trigger function and its trigger on st's
+// schema, on Citus too: Citus refuses triggers on distributed tables
+// unless citus.enable_unsafe_triggers is on (it then creates them on every
+// shard), and propagates a new function to the workers with the text of
+// the query that created it, so each statement is a query of its own. On
+// plain PostgreSQL the setting is a placeholder nothing reads.
+func createTrigger(t *testing.T, st *dedup.Store, function, trigger string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := st.Pool().Acquire(ctx)
+	if err != nil {
 		t.Fatal(err)
+	}
+	defer conn.Release()
+	for _, sql := range []string{`SET citus.enable_unsafe_triggers TO on`, function, trigger, `RESET citus.enable_unsafe_triggers`} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

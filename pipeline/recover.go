@@ -471,22 +471,24 @@ func (w *worker) owes(rp *replay, r *kgo.Record) ([]byte, bool, error) {
 	}
 	stored, ok := rp.versions[string(entity)]
 	if !ok {
-		st, err := retryStep(w, sideDecide, "reading an owed entity's version", w.d.metrics.storeErrors, func() (dedup.State, error) {
+		// Settled: the batch that stored the version may still be
+		// committing (on Citus, prepared on the entity's worker).
+		v, err := retryStep(w, sideDecide, "reading an owed entity's version", w.d.metrics.storeErrors, func() (int64, error) {
 			ctx, cancel := w.storeCtx(w.decideCtx())
 			defer cancel()
-			st, err := w.d.store.GetMode(ctx, w.rt.service, entity, dedup.Version)
-			if errors.Is(err, dedup.ErrNotFound) {
-				return dedup.State{Version: math.MinInt64}, nil
+			v, found, err := w.d.store.SettledVersion(ctx, w.rt.service, entity)
+			switch {
+			case err != nil && !errors.Is(err, dedup.ErrUnavailable):
+				return v, retry.Permanent(err)
+			case err == nil && !found:
+				return math.MinInt64, nil
 			}
-			if err != nil && !errors.Is(err, dedup.ErrUnavailable) {
-				return st, retry.Permanent(err)
-			}
-			return st, err
+			return v, err
 		})
 		if err != nil {
 			return nil, false, err
 		}
-		stored = st.Version
+		stored = v
 		rp.versions[string(entity)] = stored
 	}
 	return entity, version >= stored, nil

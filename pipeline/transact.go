@@ -634,7 +634,7 @@ func (p *Pipeline) replan(parent context.Context, w *worker) error {
 	base, stop := mergeCtx(w.dctx, parent)
 	defer stop()
 	ctx, cancel := w.storeCtx(base)
-	prog, err := p.store.ReadProgress(ctx, w.part)
+	prog, err := p.store.SettledProgress(ctx, w.part)
 	cancel()
 	if err != nil {
 		return &storeError{err}

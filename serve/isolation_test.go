@@ -156,20 +156,34 @@ func TestBadIdentityFailsAlone(t *testing.T) {
 
 // poisonTrigger makes PostgreSQL refuse, with an error that no retry
 // fixes, any write of state for the entity "poison": a check that passes
-// every limit of dam's own but that the store still rejects.
+// every limit of dam's own but that the store still rejects. (On Citus the
+// trigger goes on every shard, which Citus allows once told so; elsewhere
+// the setting is a placeholder nothing reads.)
 func poisonTrigger(t *testing.T, h *harness) {
 	t.Helper()
-	_, err := h.store.Pool().Exec(context.Background(), `
-		CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+	ctx := context.Background()
+	conn, err := h.store.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// One statement per Exec: Citus propagates a function to the workers
+	// with the text of the query that created it.
+	for _, sql := range []string{
+		`SET citus.enable_unsafe_triggers TO on`,
+		`CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.entity = 'poison'::bytea THEN
 				RAISE EXCEPTION 'poison refused';
 			END IF;
 			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON state FOR EACH ROW EXECUTE FUNCTION refuse_poison();`)
-	if err != nil {
-		t.Fatal(err)
+		END $$`,
+		`CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON state FOR EACH ROW EXECUTE FUNCTION refuse_poison()`,
+		`RESET citus.enable_unsafe_triggers`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -281,8 +281,8 @@ is given, which requires --yes, as reset --all does. A pruned identity's next re
 forwarded (in version mode, even an older version): prune only beyond the
 age at which a repeat no longer matters. It walks the state in batches of
 --batch rows, each a short statement of its own (rows being decided are
-skipped), showing its progress on stderr (a bar on a terminal, plain lines
-otherwise).`,
+skipped; on Citus, waited for, and kept if forwarded meanwhile), showing
+its progress on stderr (a bar on a terminal, plain lines otherwise).`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cmd.Flags().Changed("older-than") && olderThan <= 0 {

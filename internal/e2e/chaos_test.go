@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -347,7 +348,7 @@ func runScenario(t *testing.T, sc scenario, mode string, row *chaosRow) {
 
 func chaosScenarios() []scenario {
 	both := []string{alo, eos}
-	return []scenario{
+	rows := []scenario{
 		{name: "kill -9", modes: both, run: chaosKill},
 		{name: "crash at each step", modes: both, run: chaosCrashAtSteps},
 		{name: "zombie at each step", modes: both, run: chaosZombie},
@@ -360,6 +361,10 @@ func chaosScenarios() []scenario {
 		{name: "input recreated", modes: both, run: chaosRecreated},
 		{name: "poison records", modes: both, topics: windowTopics, run: chaosPoison},
 	}
+	if pgtest.Citus() { // make test-citus: every row above runs on Citus too
+		rows = append(rows, scenario{name: "Citus worker restarts", modes: both, run: chaosCitusWorkers})
+	}
+	return rows
 }
 
 // chaosKill: SIGKILL at random moments under load, 20 times (3 reduced),
@@ -537,6 +542,90 @@ func chaosPostgres(c *chaosRun) {
 	}
 	c.fault("PostgreSQL server restart")
 	c.recovered(time.Now(), s)
+}
+
+// chaosCitusWorkers: on a Citus cluster of its own (a coordinator and two
+// workers, so that the other rows' shared cluster is not disturbed), each
+// worker is restarted under load, then one is down for longer: the
+// partitions whose batches touch it pause and resume. A batch prepared on
+// a worker when it goes down is finished by the coordinator's recovery of
+// prepared transactions. The state of the route's one service must sit in
+// shards on both workers.
+func chaosCitusWorkers(c *chaosRun) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cc, err := pglocal.StartCitus(ctx, c.t.Logf, 2)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { _ = cc.Stop() })
+	// Finish a two-phase commit cut by a worker's crash within a second
+	// (Citus's default is a minute): the row's recovery bound is two.
+	if _, err := pgExec(ctx, cc.DSN(), `ALTER SYSTEM SET citus.recover_2pc_interval = '1s'`, `SELECT pg_reload_conf()`); err != nil {
+		c.t.Fatal(err)
+	}
+	c.dsn = cc.DSN()
+	s := c.startOne(60 * time.Second)
+	c.startLoad(sized(20000, 90000), sized(45*time.Second, 180*time.Second))
+	time.Sleep(3 * time.Second)
+	for round := range sized(1, 3) {
+		for i := range cc.Workers() {
+			if err := cc.Worker(i).Restart(ctx, sized(time.Second, 3*time.Second)); err != nil {
+				c.t.Fatal(err)
+			}
+			c.fault(fmt.Sprintf("Citus worker %d restarted (round %d)", i+1, round+1))
+			c.recovered(time.Now(), s)
+		}
+	}
+	if err := cc.Worker(0).Restart(ctx, sized(8*time.Second, 20*time.Second)); err != nil {
+		c.t.Fatal(err)
+	}
+	c.fault("Citus worker 1 down for longer")
+	c.recovered(time.Now(), s)
+	c.finally = append(c.finally, func() {
+		// The workers whose shards hold state rows.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		rows, err := pgExec(ctx, cc.DSN(), `SELECT count(DISTINCT s.nodeport) FROM citus_shards s
+			JOIN run_command_on_shards('state', 'SELECT count(*) FROM %s') r ON r.shardid = s.shardid
+			WHERE s.table_name = 'state'::regclass AND r.result::bigint > 0`)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if rows != "2" {
+			c.t.Errorf("the service's state sits on %s workers' shards, want 2", rows)
+		}
+	})
+}
+
+// pgExec runs statements on dsn, each on its own, and returns the first
+// column of the last one's first row (if it has one), as text.
+func pgExec(ctx context.Context, dsn string, sql ...string) (string, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	var out string
+	for _, q := range sql {
+		rows, err := conn.Query(ctx, q, pgx.QueryExecModeSimpleProtocol)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", q, err)
+		}
+		if rows.Next() {
+			v, err := rows.Values()
+			if err != nil {
+				rows.Close()
+				return "", fmt.Errorf("%s: %w", q, err)
+			}
+			out = fmt.Sprint(v[0])
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return "", fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	return out, nil
 }
 
 // chaosBroker: the broker's connections reset, its replies delayed, and

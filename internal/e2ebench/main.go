@@ -15,7 +15,14 @@
 //     shared machine, and the order cancels a drift along the benchmark),
 //     and their ratio is taken over all their runs;
 //   - dam-eos: dam (entity: key) with kafka.delivery: exactly-once, its
-//     rate compared with dam's over all dam's runs.
+//     rate compared with dam's over all dam's runs;
+//   - dam-citus: dam on a Citus cluster of its own (a coordinator and
+//     -citus-workers workers on this machine), next to dam-single, dam on
+//     one throwaway server with the same settings as each Citus node; the
+//     two are compared as a ratio, with PostgreSQL's CPU per record summed
+//     over every node (see citus.go), followed by how Citus runs each
+//     statement of dam's store (internal/citusplan). Without Citus
+//     installed both are skipped, saying so.
 //
 // Each variant gets a fresh in-process kfake cluster with the input
 // pre-produced, then runs as its own process (passthrough and naive are
@@ -83,6 +90,10 @@ type options struct {
 	// variant writes the same bytes.
 	compression     string
 	baseCompression bool // the base accepts kafka.compression
+	// citusWorkers is dam-citus's number of workers; citusRecords the
+	// backlog of dam-single and dam-citus (0: records).
+	citusWorkers, citusRecords int
+	citusCachedConns           int
 }
 
 func main() {
@@ -101,8 +112,11 @@ func main() {
 	flag.DurationVar(&o.steady, "steady", 5*time.Second, "duration of the steady phase")
 	flag.Float64Var(&o.dupRate, "dup-rate", 0.30, "share of records repeating their entity's content")
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $"+envDSN+", else "+defaultDSN+", else a throwaway local cluster)")
-	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-pointer,dam-pointer,dam,dam-base,dam-eos",
-		"variants to run, in order (dam-base: dam built at -base; dam-pointer: dam with entity: /id; the dam variants run in both orders; dam-eos: dam with kafka.delivery: exactly-once)")
+	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-pointer,dam-pointer,dam,dam-base,dam-eos,dam-single,dam-citus",
+		"variants to run, in order (dam-base: dam built at -base; dam-pointer: dam with entity: /id; the dam variants run in both orders; dam-eos: dam with kafka.delivery: exactly-once; dam-citus: dam on a Citus cluster, dam-single: on one server set up as its nodes)")
+	flag.IntVar(&o.citusWorkers, "citus-workers", 2, "workers of dam-citus's Citus cluster")
+	flag.IntVar(&o.citusRecords, "citus-records", 0, "records in the backlog of dam-single and dam-citus (0: -records)")
+	flag.IntVar(&o.citusCachedConns, "citus-cached-conns", 0, "citus.max_cached_conns_per_worker of dam-citus's coordinator (0: Citus's default, 1)")
 	flag.IntVar(&o.batchSize, "batch-size", 0, "dam pipeline.batch_size (0: dam's default)")
 	flag.IntVar(&o.maxInFlight, "max-in-flight", 0, "dam pipeline.max_in_flight (0: dam's default)")
 	flag.IntVar(&o.maxConns, "max-conns", 0, "dam postgres.max_conns (0: dam's default)")
@@ -156,6 +170,9 @@ type result struct {
 	// variant's PostgreSQL backends.
 	walBytes int64
 	pgCPU    time.Duration
+	// nodes: on a dedicated target (dam-single, dam-citus), each node's
+	// CPU over the backlog phase; pgCPU is the sum of their backends'.
+	nodes []nodeCPU
 }
 
 func (r result) rate() float64 { return float64(r.records) / r.elapsed.Seconds() }
@@ -195,19 +212,49 @@ func run(o options) error {
 		o.baseCompression = knowsCompression(tmp, o.baseBin)
 	}
 
+	variants := strings.Split(o.variants, ",")
+	if slices.Contains(variants, variantCitus) {
+		if err := citusUnavailable(); err != nil {
+			// Only the Citus comparison needs it: the rest runs.
+			fmt.Printf("%s and %s skipped: %v\n", variantCitus, variantSingle, err)
+			variants = slices.DeleteFunc(variants, func(v string) bool { return v == variantCitus || v == variantSingle })
+		}
+	}
+	shared := &pgTarget{dsn: dsn}
+	dedicated := map[string]*pgTarget{} // started at their first run
+	defer func() {
+		for _, t := range dedicated {
+			t.stop()
+		}
+	}()
 	var results []result
-	for _, v := range strings.Split(o.variants, ",") {
-		n := o.records
+	for _, v := range variants {
+		n, t := o.records, shared
 		if v == "naive" {
 			n = min(o.naiveRecords, o.records)
 		}
-		r, err := runVariant(ctx, o, v, n, dsn, self, tmp)
+		if v == variantSingle || v == variantCitus {
+			if o.citusRecords > 0 {
+				n = min(o.citusRecords, o.records)
+			}
+			if t = dedicated[v]; t == nil {
+				if t, err = dedicatedTarget(ctx, v, o.citusWorkers, o.citusCachedConns); err != nil {
+					return fmt.Errorf("%s: %w", v, err)
+				}
+				dedicated[v] = t
+			}
+		}
+		r, err := runVariant(ctx, o, v, n, t, self, tmp)
 		if err != nil {
 			return fmt.Errorf("%s: %w", v, err)
 		}
 		results = append(results, r)
 	}
 	printTable(os.Stdout, o, results)
+	if c := dedicated[variantCitus]; c != nil {
+		printCitus(os.Stdout, o, results, c)
+		printPlans(ctx, os.Stdout, c.dsn)
+	}
 	fmt.Printf("e2ebench took %s\n", time.Since(start).Round(time.Second))
 	return nil
 }
@@ -323,7 +370,8 @@ func postgres(ctx context.Context, dsn string) (string, func(), error) {
 
 // freshSchema creates an empty schema and returns a DSN selecting it and a
 // function dropping it.
-func freshSchema(ctx context.Context, base, variant string) (string, func(), error) {
+func freshSchema(ctx context.Context, t *pgTarget, variant string) (string, func(), error) {
+	base := t.dsn
 	schema := fmt.Sprintf("e2ebench_%s_%d", strings.ReplaceAll(variant, "-", "_"), time.Now().UnixNano())
 	exec := func(sql string) error {
 		conn, err := pgx.Connect(ctx, base)
@@ -337,7 +385,11 @@ func freshSchema(ctx context.Context, base, variant string) (string, func(), err
 	// Each run starts with PostgreSQL's buffers clean, so that no run pays
 	// for the previous one's dirty pages (a checkpoint inside its measured
 	// window): the run right after another was seen 10-20% slower.
-	if err := exec("CHECKPOINT"); err != nil {
+	checkpoint := func() error { return exec("CHECKPOINT") }
+	if t.nodes != nil {
+		checkpoint = func() error { return t.checkpointAll(ctx) }
+	}
+	if err := checkpoint(); err != nil {
 		logf("checkpoint before %s: %v (runs may pay for each other's writes)", variant, err)
 	}
 	if err := exec("CREATE SCHEMA " + schema); err != nil {
@@ -355,7 +407,11 @@ func freshSchema(ctx context.Context, base, variant string) (string, func(), err
 	} else {
 		dsn = base + " search_path=" + schema + " application_name=" + schema
 	}
-	if variant == "naive" { // dam migrates its own schema (postgres.migrate)
+	// dam migrates its own schema (postgres.migrate), except on the
+	// dedicated targets: distributing the tables on Citus takes seconds,
+	// which are not the decide's, so both dam-single and dam-citus start
+	// on a migrated schema.
+	if variant == "naive" || t.nodes != nil {
 		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			return "", nil, err
@@ -568,7 +624,8 @@ func backendsCPU(ctx context.Context, base, variantDSN string) (time.Duration, e
 	return total, nil
 }
 
-func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, self, tmp string) (result, error) {
+func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarget, self, tmp string) (result, error) {
+	baseDSN := t.dsn
 	res := result{variant: variant, records: n, steady: quantiles{P50: math.NaN(), P99: math.NaN()}}
 	in, out := "input", "output"
 	if variant == "naive" {
@@ -599,7 +656,7 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 	}
 	logf("%s: %d records pre-produced in %s", variant, n, time.Since(t0).Round(time.Millisecond))
 
-	dsn, drop, err := freshSchema(ctx, baseDSN, variant)
+	dsn, drop, err := freshSchema(ctx, t, variant)
 	if err != nil {
 		return res, err
 	}
@@ -645,11 +702,23 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 		cmd.Env = os.Environ()
 	}
 	exited := make(chan error, 1)
+	var lsns []string
+	var meter *cpuMeter
+	if t.nodes != nil {
+		lsns = t.walPositions(ctx)
+		meter = startCPUMeter(t.nodes)
+	}
 	begin := time.Now()
 	if err := cmd.Start(); err != nil {
+		if meter != nil {
+			meter.stop()
+		}
 		return res, err
 	}
-	lsn0, _ := walLSN(ctx, baseDSN)
+	lsn0 := ""
+	if t.nodes == nil {
+		lsn0, _ = walLSN(ctx, baseDSN)
+	}
 	go func() { exited <- cmd.Wait() }()
 	var exitErr error
 	exitedEarly := false
@@ -677,15 +746,27 @@ func runVariant(ctx context.Context, o options, variant string, n int, baseDSN, 
 	}
 	defer stopProc()
 
-	if err := waitCaughtUp(ctx, adm, in, alive, 30*time.Minute); err != nil {
+	err = waitCaughtUp(ctx, adm, in, alive, 30*time.Minute)
+	if meter != nil {
+		res.nodes = meter.stop()
+	}
+	if err != nil {
 		return res, err
 	}
 	res.elapsed = time.Since(begin)
 	logf("%s: %d records in %s: %.0f records/s", variant, n, res.elapsed.Round(time.Millisecond), res.rate())
-	if lsn1, err := walLSN(ctx, baseDSN); err == nil && lsn0 != "" {
-		res.walBytes, _ = walDiff(ctx, baseDSN, lsn1, lsn0)
+	if t.nodes != nil {
+		res.walBytes = t.walSince(ctx, lsns)
+		for _, c := range res.nodes {
+			res.pgCPU += c.backends
+			logf("%s: %s: backends %s, background %s, autovacuum %s", variant, c.role, c.backends.Round(time.Millisecond), c.background.Round(time.Millisecond), c.av.Round(time.Millisecond))
+		}
+	} else {
+		if lsn1, err := walLSN(ctx, baseDSN); err == nil && lsn0 != "" {
+			res.walBytes, _ = walDiff(ctx, baseDSN, lsn1, lsn0)
+		}
+		res.pgCPU, _ = backendsCPU(ctx, baseDSN, dsn)
 	}
-	res.pgCPU, _ = backendsCPU(ctx, baseDSN, dsn)
 	// Observations are made right after a commit: let the last ones land
 	// so that none of the backlog's is counted in the steady phase.
 	time.Sleep(time.Second)

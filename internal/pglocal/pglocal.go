@@ -36,6 +36,10 @@ type Cluster struct {
 	tls  *tlsFiles
 	// durable: synchronous_commit on (see Durable).
 	durable bool
+	// conf: lines appended to postgresql.conf after initdb (withConf).
+	conf []string
+	// down: stopped by Kill, not yet started again.
+	down bool
 }
 
 // tlsFiles are the server's certificate and key, PEM.
@@ -61,6 +65,12 @@ func Durable() Option {
 	return func(c *Cluster) { c.durable = true }
 }
 
+// withConf appends lines to postgresql.conf after initdb (StartCitus's
+// settings).
+func withConf(lines ...string) Option {
+	return func(c *Cluster) { c.conf = append(c.conf, lines...) }
+}
+
 // Start initialises a cluster in a new temporary directory and starts it on
 // a free TCP port of 127.0.0.1 (plus a unix socket in the directory), with
 // trust authentication for user postgres and durability off (fsync=off,
@@ -76,9 +86,14 @@ func Start(ctx context.Context, logf func(string, ...any), opts ...Option) (*Clu
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "dam-pglocal-")
+	reapOnce.Do(func() { reapOrphans(logf) })
+	dir, err := os.MkdirTemp("", dirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("pglocal: %w", err)
+	}
+	if err := writeOwner(dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
 	c := &Cluster{dir: dir, bin: bin, logf: logf}
 	for _, o := range opts {
@@ -101,6 +116,13 @@ func Start(ctx context.Context, logf func(string, ...any), opts ...Option) (*Clu
 	}
 	if c.tls != nil {
 		if err := c.setupTLS(); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	if len(c.conf) > 0 {
+		conf := "\n# pglocal\n" + strings.Join(c.conf, "\n") + "\n"
+		if err := appendFile(filepath.Join(c.data(), "postgresql.conf"), conf); err != nil {
 			os.RemoveAll(dir)
 			return nil, err
 		}
@@ -144,8 +166,9 @@ func (c *Cluster) startServer(ctx context.Context) error {
 // connection is cut, no checkpoint), keeps it down for down, and starts it
 // again on the same port with the same data, which it recovers from its
 // WAL: a server restart or failover as a client sees it, for fault tests.
+// It is Kill, a wait, then Revive.
 func (c *Cluster) Restart(ctx context.Context, down time.Duration) error {
-	if err := c.run(ctx, "pg_ctl", "stop", "-D", c.data(), "-m", "immediate", "-w"); err != nil {
+	if err := c.Kill(ctx); err != nil {
 		return err
 	}
 	select {
@@ -153,10 +176,29 @@ func (c *Cluster) Restart(ctx context.Context, down time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	return c.Revive(ctx)
+}
+
+// Kill stops the server the way a crash does (immediate shutdown: every
+// connection is cut, no checkpoint) and leaves it down, its data kept,
+// until Revive: an outage of a length the caller chooses. Stop still
+// removes a killed cluster.
+func (c *Cluster) Kill(ctx context.Context) error {
+	if err := c.run(ctx, "pg_ctl", "stop", "-D", c.data(), "-m", "immediate", "-w"); err != nil {
+		return err
+	}
+	c.down = true
+	return nil
+}
+
+// Revive starts a server stopped by Kill again on the same port with the
+// same data, which it recovers from its WAL.
+func (c *Cluster) Revive(ctx context.Context) error {
 	if err := c.startServer(ctx); err != nil {
 		c.logf("pglocal: server log:\n%s", c.serverLog())
 		return err
 	}
+	c.down = false
 	return nil
 }
 
@@ -222,11 +264,14 @@ func appendFile(path, text string) error {
 }
 
 // Stop stops the server immediately (no checkpoint: the data is thrown
-// away) and removes its directory.
+// away), unless Kill left it down, and removes its directory.
 func (c *Cluster) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // Stop has no caller context
 	defer cancel()
-	err := c.run(ctx, "pg_ctl", "stop", "-D", c.data(), "-m", "immediate", "-w")
+	var err error
+	if !c.down {
+		err = c.run(ctx, "pg_ctl", "stop", "-D", c.data(), "-m", "immediate", "-w")
+	}
 	if rerr := os.RemoveAll(c.dir); err == nil && rerr != nil {
 		err = fmt.Errorf("pglocal: %w", rerr)
 	}
@@ -259,6 +304,11 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
 	cmd.Dir = c.dir
 	cmd.Env = append(os.Environ(), "LC_ALL=C", "TZ=UTC")
 	if c.cred != nil {
+		// The server's own libpq connections (Citus's to other nodes)
+		// look for client certificates under $HOME/.postgresql, and fail
+		// when they may not even look, as in root's /root: give the
+		// server's user a HOME it can read.
+		cmd.Env = append(cmd.Env, "HOME="+c.dir)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
 	}
 	var out bytes.Buffer

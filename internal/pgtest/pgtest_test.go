@@ -7,8 +7,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-func TestMain(m *testing.M) { Main(m) }
-
 func TestDSNSelectsFreshMigratedSchema(t *testing.T) {
 	t.Parallel()
 	a, b := DSN(t), DSN(t)

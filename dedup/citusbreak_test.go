@@ -1,0 +1,409 @@
+package dedup_test
+
+// The adversarial review of dam on Citus: each test states the finding it
+// proved (it failed on Citus, DAM_TEST_CITUS=1, before the fix) and now
+// guards it. They run on plain PostgreSQL too.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/pglocal"
+	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/tcpproxy"
+	"github.com/dam-dedup/dam/migrations"
+)
+
+// Finding: on Citus the window cleanup never deletes anything, so
+// window_ids grows without bound (a resource exhausted).
+//
+// docs/citus.md says the window cleanup runs on Citus "every shard, in short
+// chunks". The sidecar runs dedup.Store.CleanupWindow every
+// cleanup_interval for each window-mode route (pipeline/modes.go); its
+// statement (sqlExpire) picks the expired ids with SELECT ... FOR UPDATE SKIP
+// LOCKED filtered by service only, which is a multi-shard FOR UPDATE: Citus
+// refuses it ("could not run distributed query with FOR UPDATE/SHARE
+// commands", 0A000). cleanupLoop logs a warning and tries again at the next
+// interval, forever: no expired id is ever deleted, and every forwarded
+// message id stays in window_ids for good. The same refusal breaks
+// `dam state prune` (sqlPruneChunk: FOR UPDATE OF s SKIP LOCKED) and
+// `dam state reset SERVICE` (sqlResetChunk: FOR UPDATE): the existing
+// TestPruneWindowAndCleanup, TestPruneStateChunks, TestResetServiceInBatches
+// and TestStateOpsEveryMode fail on Citus for the same reason, and
+// TestResetServiceHoldsNoLongLocks hangs there (it waits for a first batch
+// that never comes).
+func TestCitusWindowCleanupDeletesExpiredIds(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := context.Background()
+	st := newStream(t, s, "cleanup", dedup.Rule{Mode: dedup.Window, Window: time.Hour})
+	var recs []vrec
+	for i := range 40 {
+		recs = append(recs, vrec{fmt.Sprint("id-", i), "x", 0})
+	}
+	// Forwarded two hours ago with a window of one hour: all expired.
+	st.decide(time.Now().Add(-2*time.Hour), recs...)
+
+	// What the sidecar's cleanup loop does every cleanup_interval.
+	for round := 1; round <= 3; round++ {
+		n, ran, err := s.CleanupWindow(ctx, "svc", 0)
+		if err != nil || !ran {
+			var left int64
+			_ = s.Pool().QueryRow(ctx, `SELECT count(*) FROM window_ids WHERE service = 'svc'`).Scan(&left)
+			t.Fatalf("window cleanup round %d: deleted %d, ran %v, %v; %d expired ids left in window_ids "+
+				"(the sidecar retries at every interval, and the table only grows)", round, n, ran, err, left)
+		}
+		if round == 1 && n != 40 {
+			t.Fatalf("window cleanup deleted %d expired ids, want 40", n)
+		}
+	}
+	var left int64
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM window_ids WHERE service = 'svc'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d expired ids left after the cleanup", left)
+	}
+}
+
+// execMigration runs one file of migrations.FS() (005_citus.up.sql or
+// .down.sql) on dsn's schema, as `dam migrate` would: on plain PostgreSQL
+// it does nothing.
+func execMigration(t *testing.T, dsn, file string) {
+	t.Helper()
+	sql, err := fs.ReadFile(migrations.FS(), file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), string(sql)); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+}
+
+// waitForLockWait waits until some session waits for a lock: on Citus on a
+// worker (citus_lock_waits), on one server in pg_locks.
+func waitForLockWait(ctx context.Context, t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) {
+	t.Helper()
+	q := `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted)`
+	if pgtest.Citus() {
+		q = `SELECT EXISTS (SELECT FROM citus_lock_waits)`
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var w bool
+		if err := pool.QueryRow(ctx, q).Scan(&w); err != nil {
+			t.Fatal(err)
+		}
+		if w {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no session ever waited for the lock")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Finding: tables distributed under a running dam (the case engine.go's
+// forgetEngine is written for) leave the store deciding in the one-server
+// shape for as long as each batch's identities sit in one shard (a
+// caught-up partition decides a record or two at a time), and there a lost
+// race for a new identity halts the partition instead of being decided
+// again.
+//
+// Store.Distributed learns the engine once. Citus refuses a multi-shard
+// SELECT ... FOR UPDATE (0A000), which makes forgetEngine learn it again,
+// but it routes a single-shard one, so a batch of one identity keeps the
+// one-server shape: SELECT ... FOR UPDATE, then a plain INSERT ... SELECT
+// FROM unnest for a new identity. When another decider (another
+// partition; the entity is not the partition key) creates that identity
+// meanwhile, one server answers 23505 on table state, which isRace runs
+// again. Citus runs that INSERT as a COPY into the shard, and
+// ReportCopyError relays the worker's unique violation as internal_error
+// (XX000, "duplicate key value violates unique constraint
+// \"state_pkey_102008\"", no table name). isRace does not know it, and
+// Store.classify makes XX000 transient only when the cached engine is
+// distributed, which it is not: Decide returns a permanent error, and
+// decideResolving halts the partition (retry.Permanent) on a plain race
+// that one server decides through.
+func TestCitusTablesDistributedUnderARunningDamRaceNewIdentity(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	// dam runs on the tables while they are local (migration 005 not yet
+	// run on this database, or run before citus was there).
+	execMigration(t, dsn, "005_citus.down.sql")
+	s, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p, epoch := partition(t, s, "race")
+	decideAll(t, s, "svc", p, epoch, []rec{{"a", "A"}}, 1) // offset 0: dam is running
+
+	// The operator runs `dam migrate`: migration 005 distributes the tables
+	// under the running dam.
+	execMigration(t, dsn, "005_citus.up.sql")
+
+	// Another decider (another partition of the same service) is creating
+	// identity "x": its transaction has inserted the row, not yet
+	// committed.
+	other, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	x1 := digest("X1")
+	if _, err := tx.Exec(ctx, `INSERT INTO state (service, entity, digest, updated_at) VALUES ('svc', 'x', $1, now())`,
+		x1[:]); err != nil {
+		t.Fatal(err)
+	}
+
+	// This partition's next batch: one record of the new identity x.
+	type result struct {
+		out []dedup.Decision
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 1, End: 2,
+			Records: []dedup.Record{{Offset: 1, Entity: []byte("x"), Digest: digest("X2")}}}
+		out, err := s.Decide(ctx, b, nil)
+		done <- result{out, err}
+	}()
+	waitForLockWait(ctx, t, s.Pool())
+	if err := tx.Commit(ctx); err != nil { // the other decider wins the race
+		t.Fatal(err)
+	}
+	r := <-done
+	switch {
+	case r.err == nil:
+		// One server: the race is decided again against x's new state.
+		if len(r.out) != 1 || r.out[0] != dedup.Forward {
+			t.Fatalf("Decide after the lost race: %v, want [forward] (X2 differs from X1)", r.out)
+		}
+	case errors.Is(r.err, dedup.ErrUnavailable):
+		t.Logf("Decide after the lost race: %v (retried by the caller: acceptable)", r.err)
+	default:
+		t.Fatalf("Decide after a lost race for a new identity: %v; neither decided again nor ErrUnavailable: "+
+			"a permanent error, on which the sidecar halts the partition (decideResolving: retry.Permanent)", r.err)
+	}
+}
+
+// proxyWorker routes the coordinator's connections to worker i of cc
+// through a tcpproxy (citus_update_node, as a failover would), so that a
+// test can lose what a worker answers the coordinator; the node is put back
+// when the test ends. It returns the proxy and the worker's node port as
+// the coordinator knows it now.
+func proxyWorker(t *testing.T, cc *pglocal.CitusCluster, i int) *tcpproxy.Proxy {
+	t.Helper()
+	ctx := context.Background()
+	w := cc.Worker(i)
+	px := tcpproxy.New(t, fmt.Sprintf("127.0.0.1:%d", w.Port()))
+	_, pxPort, err := net.SplitHostPort(px.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := pgtest.Base()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var nodeID int
+	if err := conn.QueryRow(ctx, `SELECT nodeid FROM pg_dist_node WHERE nodeport = $1`, w.Port()).Scan(&nodeID); err != nil {
+		t.Fatal(err)
+	}
+	// The coordinator speaks TLS to its workers by default
+	// (citus.node_conninfo sslmode=require): in clear, the proxy sees the
+	// COMMIT it sends.
+	for _, sql := range []string{`ALTER SYSTEM SET citus.node_conninfo = 'sslmode=disable'`, `SELECT pg_reload_conf()`,
+		fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %s)`, nodeID, pxPort)} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close(ctx)
+		for _, sql := range []string{fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %d)`, nodeID, w.Port()),
+			`ALTER SYSTEM RESET citus.node_conninfo`, `SELECT pg_reload_conf()`, `SELECT start_metadata_sync_to_all_nodes()`} {
+			if _, err := conn.Exec(ctx, sql); err != nil {
+				t.Errorf("%s: %v", sql, err)
+			}
+		}
+	})
+	return px
+}
+
+// entitiesOnNode returns n entities of service svc whose state rows sit on
+// the node at port (as pg_dist_node has it now).
+func entitiesOnNode(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, port, n int) [][]byte {
+	t.Helper()
+	var out [][]byte
+	for i := 0; len(out) < n; i++ {
+		if i > 1000 {
+			t.Fatal("no entity found on the node")
+		}
+		e := []byte(fmt.Sprint("e-", i))
+		var on int
+		if err := pool.QueryRow(context.Background(), `SELECT nodeport FROM citus_shards
+			WHERE shardid = get_shard_id_for_distribution_column('state', $1::bytea)`, e).Scan(&on); err != nil {
+			t.Fatal(err)
+		}
+		if on == port {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Finding: on Citus, a check whose commit reached the worker but whose
+// reply was lost is reported as a refusal (a permanent error), not as an
+// unknown outcome, and dam serve then decides it again and answers
+// "duplicate" for content nobody was told to forward: the record is lost.
+//
+// A CheckBatch whose checks sit on one worker commits in one phase: the
+// coordinator sends COMMIT to the worker before committing itself. If that
+// COMMIT reaches the worker and its reply is lost (the worker crashes
+// right after committing, the network between them fails), Citus warns
+// "failed to commit transaction" and fails the client's COMMIT with
+// "could not commit transaction for shard N on at least one active node",
+// SQLSTATE XX000, although the worker committed. dedup.Check and
+// Store.CheckBatch classify with the package's classify, which ignores the
+// engine: XX000 is a permanent error there (Store.classify would have said
+// ErrUnavailable on Citus, as Decide does), so the caller is told the store
+// refused the checks, i.e. that nothing was decided. dam serve acts on
+// exactly that (api.go, combine.go: "the store refused the transaction for
+// a reason no retry fixes ... decide the checks one by one"): TestServe...
+// in serve/citusbreak_test.go shows it answering "duplicate".
+func TestCitusCheckBatchLostWorkerCommitReply(t *testing.T) {
+	cc := pgtest.NeedCitusCluster(t)
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	px := proxyWorker(t, cc, 0)
+	s, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, pxPort, _ := net.SplitHostPort(px.Addr())
+	var port int
+	fmt.Sscan(pxPort, &port)
+	ents := entitiesOnNode(t, s.Pool(), port, 2)
+	items := []dedup.CheckItem{{Service: "svc", Entity: ents[0], Digest: digest("A")}, {Service: "svc", Entity: ents[1], Digest: digest("B")}}
+
+	// The next COMMIT the coordinator sends the worker reaches it; its reply
+	// is lost.
+	px.LoseNextCommitReply(nil)
+	out, err := s.CheckBatch(ctx, items, nil)
+	t.Logf("CheckBatch with the worker's COMMIT reply lost: %v, %v", out, err)
+	if err == nil {
+		t.Skip("the COMMIT reply was not lost (the proxy did not see the coordinator's COMMIT)")
+	}
+	// What did the lost COMMIT do? The worker committed both checks.
+	committed := 0
+	for _, it := range items {
+		st, gerr := s.Get(ctx, it.Service, it.Entity)
+		if gerr == nil && st.Digest == it.Digest {
+			committed++
+		}
+	}
+	if committed != len(items) {
+		t.Skipf("the worker did not commit (%d of %d checks stored): nothing to prove", committed, len(items))
+	}
+	if !errors.Is(err, dedup.ErrUnavailable) {
+		t.Fatalf("CheckBatch committed on the worker but returned %v, not ErrUnavailable (outcome unknown): "+
+			"a caller, dam serve first, takes it for a refusal and decides the checks again, answering duplicate", err)
+	}
+}
+
+// A decide that waits (or a zombie paused in the middle of its decide
+// transaction) delays other partitions' multi-shard decides on Citus, even
+// on identities it does not touch: with citus.enable_deadlock_prevention
+// (on by default) each multi-shard write first takes a self-conflicting
+// lock per shard on the coordinator, held to the end of its transaction.
+// dam keeps that default: turned off, decides deadlocked each other across
+// shards (their rows are locked by each shard in parallel, in no global
+// order) and Citus cancelled checks and decides as deadlock victims. The
+// stall is bounded, and never wrong: the waiting decide gives up after
+// lock_timeout with ErrUnavailable (its caller retries after a backoff),
+// and decides once the zombie's transaction ends (at the latest after
+// idle_in_transaction_session_timeout). docs/citus.md says so.
+func TestCitusZombieClaimStallIsBounded(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	pb, epochB := partition(t, s, "b")
+
+	// A zombie: another partition's decide (another service even), paused
+	// after its first round trip (progress locked, identities claimed).
+	zombie, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zombie.Rollback(ctx)
+	var zents [][]byte
+	for i := range 8 {
+		zents = append(zents, []byte(fmt.Sprint("zombie-", i)))
+	}
+	if _, err := zombie.Exec(ctx, `INSERT INTO state AS s (service, entity, updated_at)
+		SELECT 'other', e, 'epoch' FROM unnest($1::bytea[]) AS u(e) ORDER BY e
+		ON CONFLICT (service, entity) DO UPDATE SET digest = s.digest WHERE false`, zents); err != nil {
+		t.Fatal(err)
+	}
+
+	// Partition b decides identities of its own service, none of the
+	// zombie's: at once on one server; on Citus at once or, waiting on the
+	// zombie's shard locks, ErrUnavailable within the timeouts.
+	b := &dedup.Batch{Service: "svc", Partition: pb, Epoch: epochB, Start: 0, End: 8}
+	for i := range 8 {
+		b.Records = append(b.Records, dedup.Record{Offset: int64(i), Entity: []byte(fmt.Sprint("b-", i)), Digest: digest("x")})
+	}
+	start := time.Now()
+	out, err := s.Decide(ctx, b, nil)
+	switch {
+	case err == nil && len(out) == 8:
+		return
+	case err == nil:
+		t.Fatalf("decisions %v", out)
+	case !distributed(t, s) || !errors.Is(err, dedup.ErrUnavailable):
+		t.Fatalf("partition b's decide beside a paused zombie of another partition: %v after %v", err, time.Since(start))
+	case time.Since(start) > dedup.DefaultStatementTimeout+time.Second:
+		t.Fatalf("partition b's decide waited %v, past the statement timeout", time.Since(start))
+	}
+	t.Logf("on Citus: %v after %v (the zombie's shard locks); decided once the zombie ends", err, time.Since(start).Round(time.Millisecond))
+	if err := zombie.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := s.Decide(ctx, b, nil); err != nil || len(out) != 8 {
+		t.Fatalf("after the zombie: %v, %v", out, err)
+	}
+}

@@ -1,0 +1,267 @@
+package pipeline_test
+
+// Adversarial tests of the sidecar on Citus, the review's findings: see
+// dedup/citusbreak_test.go.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/internal/pglocal"
+	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testkafka"
+)
+
+// commitPreparedDropper stands between the Citus coordinator and one
+// worker: once armed, the next COMMIT PREPARED the coordinator sends never
+// reaches the worker, and the connection is dropped, as when the worker
+// crashes (or the network fails) between the two phases of a commit. The
+// coordinator has committed: it warns and answers the client's COMMIT with
+// success; the worker keeps the transaction prepared, its rows locked and
+// its changes invisible, until Citus's recovery of prepared transactions
+// commits it.
+type commitPreparedDropper struct {
+	ln      net.Listener
+	target  string
+	armed   atomic.Bool
+	dropped chan struct{}
+	once    sync.Once
+}
+
+func newCommitPreparedDropper(t *testing.T, target string) *commitPreparedDropper {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &commitPreparedDropper{ln: ln, target: target, dropped: make(chan struct{})}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d.serve(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return d
+}
+
+func (d *commitPreparedDropper) serve(c net.Conn) {
+	defer c.Close()
+	up, err := net.Dial("tcp", d.target)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	go func() {
+		_, _ = io.Copy(c, up)
+		c.Close()
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			if bytes.Contains(buf[:n], []byte("COMMIT PREPARED")) && d.armed.CompareAndSwap(true, false) {
+				d.once.Do(func() { close(d.dropped) })
+				return // never delivered; both connections closed
+			}
+			if _, werr := up.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// citusAdmin runs statements on the coordinator's database (no schema).
+func citusAdmin(t *testing.T, sql ...string) {
+	t.Helper()
+	base, err := pgtest.Base()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, s := range sql {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+}
+
+// routeWorkerThrough points the coordinator at worker w through addr
+// (citus_update_node, as a failover does), in clear, with Citus's
+// automatic recovery of prepared transactions off (the test recovers them
+// when it chooses); all of it undone, and the prepared transactions
+// recovered, when the test ends.
+func routeWorkerThrough(t *testing.T, w *pglocal.Cluster, addr string) {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ := pgtest.Base()
+	conn, err := pgx.Connect(context.Background(), base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodeID int
+	err = conn.QueryRow(context.Background(), `SELECT nodeid FROM pg_dist_node WHERE nodeport = $1`, w.Port()).Scan(&nodeID)
+	conn.Close(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	citusAdmin(t, `ALTER SYSTEM SET citus.node_conninfo = 'sslmode=disable'`, `ALTER SYSTEM SET citus.recover_2pc_interval = -1`,
+		`SELECT pg_reload_conf()`, fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %s)`, nodeID, port))
+	t.Cleanup(func() {
+		citusAdmin(t, fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %d)`, nodeID, w.Port()),
+			`ALTER SYSTEM RESET citus.node_conninfo`, `ALTER SYSTEM RESET citus.recover_2pc_interval`, `SELECT pg_reload_conf()`,
+			`SELECT recover_prepared_transactions()`, `SELECT start_metadata_sync_to_all_nodes()`)
+	})
+}
+
+// Finding: on Citus, a replay after a crash delivers a stale version, and
+// then loses the newer ones, when the batch it replays committed on the
+// coordinator but is still prepared on the worker that holds the entity
+// (a worker lost between the two phases of the commit).
+//
+// Version mode, the input compacted (docs/delivery.md, "Retention or
+// compaction"): o1 (k1 version 5) was forwarded and not delivered, o2 (k1
+// version 3, stale) superseded it in compaction. On one server the replay
+// does not deliver o2: it reads k1's stored version (5) and delivers only a
+// record of that version (TestVersionReplayDeliversNoStaleVersion), then
+// resets k1 so that its next record is forwarded. On Citus the batch of o1
+// and o2 is one distributed transaction: its progress and log commit on
+// the progress worker, k1's new version on another; if that worker does
+// not get COMMIT PREPARED (it crashed after PREPARE; the coordinator had
+// committed and answered the COMMIT with success), k1's row stays prepared,
+// invisible, until Citus recovers it. The new owner's recovery is not held
+// up (P and the log are committed), and pipeline/recover.go's owes() reads
+// k1's version with GetMode, a plain read that does not wait for the
+// prepared transaction: it sees no state, takes o2 (version 3) for the
+// record to deliver, and delivers the stale version. Once Citus recovers
+// the transaction, k1 holds version 5: its next record, version 4, is
+// stale and never delivered, so the adapter's last k1 is version 3 while
+// 5 was forwarded: version 3 delivered against the rule, versions 4 and 5
+// never.
+func TestCitusVersionReplayReadsAPreparedEntity(t *testing.T) {
+	cc := pgtest.NeedCitusCluster(t)
+	kc := testkafka.New(t, 1, "out.v", "dlq.v")
+	kc.CreateTopic("in.v", 1, "cleanup.policy", "compact")
+	gate := newProduceGate(t, kc, "out.v")
+	dsn := pgtest.DSN(t)
+	ctx := context.Background()
+	probe := openStore(t, dsn)
+	shardPort := func(table, value string) int {
+		var port int
+		if err := probe.Pool().QueryRow(ctx, fmt.Sprintf(`SELECT nodeport FROM citus_shards
+			WHERE shardid = get_shard_id_for_distribution_column('%s', %s)`, table, value)).Scan(&port); err != nil {
+			t.Fatal(err)
+		}
+		return port
+	}
+	// The entity's worker is not the one of the partition's progress.
+	progressPort := shardPort("progress", "0")
+	wi := 0
+	if cc.Worker(0).Port() == progressPort {
+		wi = 1
+	}
+	var k1 string
+	for i := 0; k1 == "" && i < 100; i++ {
+		if k := fmt.Sprint("k1-", i); shardPort("versions", "'"+k+"'::bytea") == cc.Worker(wi).Port() {
+			k1 = k
+		}
+	}
+	if k1 == "" {
+		t.Fatal("no key on the other worker")
+	}
+	dropper := newCommitPreparedDropper(t, fmt.Sprintf("127.0.0.1:%d", cc.Worker(wi).Port()))
+	routeWorkerThrough(t, cc.Worker(wi), dropper.ln.Addr().String())
+
+	cfg := testConfig(t, kc, dsn, modeRoute("v", config.ModeVersion))
+	cfg.Pipeline.ShutdownGrace = 300 * time.Millisecond
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	one(t, kc, "in.v", rec("k0", `{"version":1}`))
+	r.waitRecords("v", 1)
+	gate.close()
+	// One batch: o1 k1 v5 (forwarded, not delivered), o2 k1 v3 (stale; it
+	// supersedes o1 in compaction). Its commit reaches the progress worker,
+	// not k1's. o3 (k9) keeps o2 out of the input's last record batch, which
+	// compaction never touches.
+	dropper.armed.Store(true)
+	one(t, kc, "in.v", rec(k1, `{"version":5}`), rec(k1, `{"version":3}`))
+	one(t, kc, "in.v", rec("k9", `{"version":1}`))
+	waitProgress(t, store, cfg, "in.v", 0, 4)
+	select {
+	case <-dropper.dropped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the batch's COMMIT PREPARED to k1's worker was never seen")
+	}
+	r.crash()
+	kc.Compact()
+	if got := kc.ReadAll("in.v"); len(got) != 3 || got[1].Offset != 2 {
+		t.Fatalf("after compaction the input holds %s; want offsets 0, 2, 3", dump(got))
+	}
+	gate.open()
+	r = start(t, cfg, store) // the new owner, while k1's worker still holds the batch prepared
+	// The replay waits for the prepared batch (its read of k1's version
+	// times out and is retried) until Citus recovers it: its interval,
+	// here a few seconds later.
+	recovered := make(chan struct{})
+	go func() {
+		defer close(recovered)
+		time.Sleep(3 * time.Second)
+		citusAdmin(t, `SELECT recover_prepared_transactions()`)
+	}()
+	waitCommitted(t, kc, cfg.Kafka.Group, "in.v", 0, 4)
+	<-recovered
+	for _, o := range kc.ReadAll("out.v") {
+		if string(o.Key) == k1 && strings.Contains(string(o.Value), `"version":3`) {
+			t.Errorf("the replay delivered the stale version 3 of %s (version 5 was forwarded and is stored once the worker's "+
+				"prepared transaction is recovered): %s", k1, dump(kc.ReadAll("out.v")))
+		}
+	}
+	// On one server the replay reset k1 (its forward unreadable, no record
+	// of the stored version to deliver): its next record is forwarded.
+	one(t, kc, "in.v", rec(k1, `{"version":4}`))
+	waitCommitted(t, kc, cfg.Kafka.Group, "in.v", 0, 5)
+	r.stop()
+	var last string
+	for _, o := range kc.ReadAll("out.v") {
+		if string(o.Key) == k1 {
+			last = string(o.Value)
+		}
+	}
+	if last != `{"version":4}` {
+		t.Errorf("%s's last delivered record is %s, want version 4: the adapter never gets versions 4 and 5 (lost): %s",
+			k1, last, dump(kc.ReadAll("out.v")))
+	}
+}

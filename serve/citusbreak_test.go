@@ -1,0 +1,135 @@
+package serve_test
+
+// Adversarial tests of dam serve on Citus, the review's findings: see
+// dedup/citusbreak_test.go.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/internal/pglocal"
+	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/tcpproxy"
+)
+
+// proxyWorker routes the coordinator's connections to worker i through a
+// tcpproxy, in clear (citus.node_conninfo sslmode=disable), as
+// citus_update_node does for a failover; everything is put back when the
+// test ends. (The same helper as dedup's citusbreak_test.go.)
+func proxyWorker(t *testing.T, cc *pglocal.CitusCluster, i int) *tcpproxy.Proxy {
+	t.Helper()
+	ctx := context.Background()
+	w := cc.Worker(i)
+	px := tcpproxy.New(t, fmt.Sprintf("127.0.0.1:%d", w.Port()))
+	_, pxPort, err := net.SplitHostPort(px.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := pgtest.Base()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var nodeID int
+	if err := conn.QueryRow(ctx, `SELECT nodeid FROM pg_dist_node WHERE nodeport = $1`, w.Port()).Scan(&nodeID); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{`ALTER SYSTEM SET citus.node_conninfo = 'sslmode=disable'`, `SELECT pg_reload_conf()`,
+		fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %s)`, nodeID, pxPort)} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close(ctx)
+		for _, sql := range []string{fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %d)`, nodeID, w.Port()),
+			`ALTER SYSTEM RESET citus.node_conninfo`, `SELECT pg_reload_conf()`, `SELECT start_metadata_sync_to_all_nodes()`} {
+			if _, err := conn.Exec(ctx, sql); err != nil {
+				t.Errorf("%s: %v", sql, err)
+			}
+		}
+	})
+	return px
+}
+
+// Finding: on Citus, dam serve answers "duplicate" for checks nobody was
+// ever told to forward when the commit of their transaction reached the
+// worker but its reply was lost: the records are lost.
+//
+// The checks of a batch that all sit on one worker commit in one phase:
+// the coordinator sends COMMIT to the worker, then commits itself. The
+// worker commits; its reply is lost (the worker crashes right after, a
+// network fault); Citus then fails the client's COMMIT with "could not
+// commit transaction for shard N on at least one active node", SQLSTATE
+// XX000. Store.CheckBatch classifies XX000 as a permanent refusal (the
+// package's classify, blind to the engine), and serve, told that the store
+// refused the transaction "for a reason no retry fixes", decides the checks
+// again one by one (api.go checkSeparately; combine.go does the same for
+// single checks sharing a transaction). Each now finds its own content,
+// stored by the commit that "failed", and is answered duplicate: the
+// caller drops the records. docs/check-service.md: "A 503 is never a
+// guess: the service ... answers nothing it did not decide"; an unknown
+// commit must be answered 503 unavailable, never decided again.
+func TestCitusServeBatchLostWorkerCommitReplyAnswersDuplicate(t *testing.T) {
+	cc := pgtest.NeedCitusCluster(t)
+	var px *tcpproxy.Proxy
+	h := newHarness(t, func(c *config.Config) { px = proxyWorker(t, cc, 0) }) // before the store connects
+	ctx := context.Background()
+	_, pxPort, _ := net.SplitHostPort(px.Addr())
+	var ents []string
+	for i := 0; len(ents) < 2 && i < 1000; i++ {
+		e := fmt.Sprint("e-", i)
+		var port string
+		if err := h.store.Pool().QueryRow(ctx, `SELECT nodeport::text FROM citus_shards
+			WHERE shardid = get_shard_id_for_distribution_column('state', $1::bytea)`, []byte(e)).Scan(&port); err != nil {
+			t.Fatal(err)
+		}
+		if port == pxPort {
+			ents = append(ents, e)
+		}
+	}
+	if len(ents) < 2 {
+		t.Fatal("no entities on the proxied worker")
+	}
+
+	// The next COMMIT the coordinator sends that worker reaches it; the
+	// reply is lost.
+	px.LoseNextCommitReply(nil)
+	code, _, out := h.do("POST", "/v1/check:batch", tokenAll, fmt.Sprintf(`{"checks":[
+		{"service":"a","entity":%q,"payload":{"v":1}},
+		{"service":"a","entity":%q,"payload":{"v":1}}]}`, ents[0], ents[1]))
+	t.Logf("batch of two new checks, the worker's COMMIT reply lost: %d %s", code, out)
+	if code != 200 {
+		return // 503: the outcome is unknown and said so
+	}
+	var resp struct {
+		Results []struct {
+			Decision string
+			Error    *struct{ Code, Message string }
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &resp); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range resp.Results {
+		if r.Error == nil && r.Decision == "duplicate" {
+			t.Errorf("check %d (%s, never checked before) answered duplicate: the lost commit stored it, "+
+				"serve decided it again, and no caller was ever told to forward it", i, ents[i])
+		}
+	}
+}
