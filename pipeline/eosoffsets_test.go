@@ -206,15 +206,20 @@ func TestExactlyOnceReplayKeepsOwedEntity(t *testing.T) {
 
 // failAcquire makes the store refuse every Acquire of the partitions of
 // group (a permanent error, as a broken grant or schema would be).
-func failAcquire(t *testing.T, dsn, group string) {
+func failAcquire(t *testing.T, dsn, group string) { failAcquireWith(t, dsn, group, "P0001") }
+
+// failAcquireWith makes the store refuse every Acquire of group's
+// partitions with SQLSTATE code: a permanent refusal (P0001, a person must
+// look, on either engine), or a transient one that recovery retries.
+func failAcquireWith(t *testing.T, dsn, group, code string) {
 	t.Helper()
 	createTrigger(t, openStore(t, dsn), fmt.Sprintf(`CREATE FUNCTION refuse_acquire() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.grp = %s AND NEW.epoch > OLD.epoch THEN
-				RAISE EXCEPTION 'acquire refused for the test' USING ERRCODE = 'XX000';
+				RAISE EXCEPTION 'acquire refused for the test' USING ERRCODE = %s;
 			END IF;
 			RETURN NEW;
-		END $$`, quoteLiteral(group)),
+		END $$`, quoteLiteral(group), quoteLiteral(code)),
 		`CREATE TRIGGER refuse_acquire BEFORE UPDATE ON progress FOR EACH ROW EXECUTE FUNCTION refuse_acquire()`)
 }
 
@@ -261,6 +266,36 @@ func TestExactlyOnceFailedRecoveryCommitsNothing(t *testing.T) {
 		t.Errorf("delivered %s, want k1=A alone", dump(out))
 	}
 	r.stop()
+}
+
+// A shutdown ends a recovery of fenced partitions (run again when the
+// group settles) that retries a transient refusal of the store: the group's
+// callback running it has the client's context, which lives until Run has
+// returned, so Run waited for the store for good.
+func TestShutdownDuringReRecoveryRetries(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	dsn := pgtest.DSN(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	cfg.Pipeline.ShutdownGrace = 3 * time.Second
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	inspect := openStore(t, dsn)
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("k1", `"A"`))
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := inspect.Acquire(ctx, dedup.Partition{Group: cfg.Kafka.Group, Topic: "in", Partition: 0}); err != nil {
+		t.Fatal(err)
+	}
+	failAcquireWith(t, dsn, cfg.Kafka.Group, "40001") // serialization_failure: retried
+	one(t, kc, "in", rec("k1", `"B"`))
+	time.Sleep(3 * time.Second) // fenced, then recovered again: retrying
+	began := time.Now()
+	r.stop()
+	if took := time.Since(began); took > cfg.Pipeline.ShutdownGrace+time.Second {
+		t.Errorf("shutdown took %s while a recovery retried, above shutdown_grace %s", took, cfg.Pipeline.ShutdownGrace)
+	}
 }
 
 var _ = config.DeliveryExactlyOnce

@@ -106,6 +106,10 @@ type Pipeline struct {
 	// clientSet is closed once client is set: the group's callbacks run on
 	// the client's goroutines, which start before Run has the client.
 	clientSet chan struct{}
+	// runCtx is Run's context: a shutdown ends a recovery waiting for the
+	// store (the group's callbacks get the client's context, which lives
+	// until the client is closed, after they return).
+	runCtx context.Context
 	// base is the parent of the workers' contexts: Run's context without
 	// its cancellation (a stop finishes the batches in flight; each worker
 	// cancels its own on a hard stop).
@@ -279,6 +283,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		return err
 	}
 	p.base = context.WithoutCancel(ctx)
+	p.runCtx = ctx
 	var cl *kgo.Client
 	var sess *kgo.GroupTransactSession
 	if p.deps.transactional {
@@ -580,6 +585,8 @@ func (p *Pipeline) holdUnrecovered(held map[string]map[int32]kgo.Offset, err err
 // starts their workers and tells franz-go where to start fetching.
 func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	<-p.clientSet
+	ctx, stop := mergeCtx(ctx, p.runCtx)
+	defer stop()
 	var started []*worker
 	fail := func(err error) (map[string]map[int32]kgo.Offset, error) {
 		stopAll(started, false, p.cfg.Pipeline.ShutdownGrace)

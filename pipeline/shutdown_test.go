@@ -1,6 +1,7 @@
 package pipeline_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -165,5 +166,37 @@ func TestStopLetsTheDecideInFlightFinish(t *testing.T) {
 	waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 2)
 	if got := byKey(kc.ReadAll("out")); len(got["b"]) != 1 {
 		t.Errorf("delivered %v, want b once", got)
+	}
+}
+
+// A shutdown ends a recovery that waits for the store: a partition
+// assigned while PostgreSQL is down retries its acquire until the store
+// answers (TestShutdownDuringReRecoveryRetries: the recovery run again for
+// fenced partitions).
+func TestShutdownDuringRecoveryStoreOutage(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 2, "in", "out")
+			proxy, dsn, _ := pgProxy(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			cfg.Pipeline.ShutdownGrace = 3 * time.Second
+			cfg.Pipeline.RetryMax = 200 * time.Millisecond
+			store := openStore(t, dsn)
+			if _, err := store.Distributed(context.Background()); err != nil { // before the outage
+				t.Fatal(err)
+			}
+			proxy.Cut()
+			r := start(t, cfg, store)
+			time.Sleep(3 * time.Second) // the group forms; recovery waits for the store
+			began := time.Now()
+			r.stop()
+			if took := time.Since(began); took > cfg.Pipeline.ShutdownGrace+time.Second {
+				t.Errorf("shutdown took %s while recovery waited for the store, above shutdown_grace %s", took, cfg.Pipeline.ShutdownGrace)
+			} else {
+				t.Logf("shutdown took %s", took)
+			}
+		})
 	}
 }
