@@ -34,8 +34,9 @@ const (
 // Distributed reports whether dam's tables are distributed over Citus
 // workers: then Decide locks by writing (Citus refuses a multi-shard
 // SELECT ... FOR UPDATE). The answer is learned once and kept; a Decide
-// refused with feature_not_supported learns it again, so tables
-// distributed under a running dam are noticed.
+// or a batched operation refused as Citus refuses the one-server
+// statements learns it again (relearn), so tables distributed under a
+// running dam are noticed.
 func (s *Store) Distributed(ctx context.Context) (bool, error) {
 	if e := s.engine.Load(); e != engineUnknown {
 		return e == engineDistributed, nil
