@@ -42,7 +42,8 @@ DEMO_RECORDS ?= 20000
 # citusdata/citus v13.2.2) or ../shared/citus (scripts/install-citus.sh).
 CITUS_TEST_PKGS ?= ./dedup/... ./migrations/... ./explain/... ./serve/... ./pipeline/... \
   ./internal/pglocal/... ./internal/pgtest/... ./cmd/dam/... ./examples/serveclient/... \
-  ./internal/e2e/... ./internal/interop/... ./internal/observe/... ./internal/servebench/...
+  ./internal/e2e/... ./internal/interop/... ./internal/observe/... ./internal/servebench/... \
+  ./internal/citusplan/...
 CITUS_TEST_TIMEOUT ?= 40m
 
 .DEFAULT_GOAL := help
