@@ -938,6 +938,16 @@ func printTable(w io.Writer, o options, rs []result) {
 	if p, ok := byName["passthrough"]; ok {
 		x := d.rate() / p.rate()
 		fmt.Fprintf(w, "  >= 0.15x passthrough  %8.2fx  %s\n", x, verdict(x >= 0.15))
+		// The CPU one decided record costs, dam's and its PostgreSQL
+		// backends', against what the passthrough's costs (issue 23's
+		// measure: steadier than a rate on a busy machine).
+		per := func(r result) float64 { return float64(r.cpu.Microseconds()) / float64(r.records+r.steadyN) }
+		damUS, pgUS, passUS := per(d), float64(d.pgCPU.Microseconds())/float64(d.records), per(p)
+		if passUS > 0 {
+			x := (damUS + pgUS) / passUS
+			fmt.Fprintf(w, "  dam+PG CPU <= 4.5x pass %6.2fx  %s  (per record: dam %.1f µs + PostgreSQL %.1f µs, passthrough %.1f µs)\n",
+				x, verdict(x <= 4.5), damUS, pgUS, passUS)
+		}
 	}
 	// Over every dam run: the median p99 (one run's p99 is its few
 	// slowest batches, at the mercy of a neighbour) and the highest RSS.
