@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pglocal"
 	"github.com/dam-dedup/dam/internal/pgtest"
@@ -95,55 +93,17 @@ func (d *commitPreparedDropper) serve(c net.Conn) {
 	}
 }
 
-// citusAdmin runs statements on the coordinator's database (no schema).
-func citusAdmin(t *testing.T, sql ...string) {
-	t.Helper()
-	base, err := pgtest.Base()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, s := range sql {
-		if _, err := conn.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
-}
+func citusAdmin(t *testing.T, sql ...string) { t.Helper(); pgtest.Admin(t, sql...) }
 
 // routeWorkerThrough points the coordinator at worker w through addr
-// (citus_update_node, as a failover does), in clear, with Citus's
-// automatic recovery of prepared transactions off (the test recovers them
-// when it chooses); all of it undone, and the prepared transactions
-// recovered, when the test ends.
+// (pgtest.RouteWorker), with Citus's automatic recovery of prepared
+// transactions off until the test ends: a COMMIT PREPARED the test drops
+// stays undone until the test recovers it.
 func routeWorkerThrough(t *testing.T, w *pglocal.Cluster, addr string) {
 	t.Helper()
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, _ := pgtest.Base()
-	conn, err := pgx.Connect(context.Background(), base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nodeID int
-	err = conn.QueryRow(context.Background(), `SELECT nodeid FROM pg_dist_node WHERE nodeport = $1`, w.Port()).Scan(&nodeID)
-	conn.Close(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	citusAdmin(t, `ALTER SYSTEM SET citus.node_conninfo = 'sslmode=disable'`, `ALTER SYSTEM SET citus.recover_2pc_interval = -1`,
-		`SELECT pg_reload_conf()`, fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %s)`, nodeID, port))
-	t.Cleanup(func() {
-		citusAdmin(t, fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %d)`, nodeID, w.Port()),
-			`ALTER SYSTEM RESET citus.node_conninfo`, `ALTER SYSTEM RESET citus.recover_2pc_interval`, `SELECT pg_reload_conf()`,
-			`SELECT recover_prepared_transactions()`, `SELECT start_metadata_sync_to_all_nodes()`)
-	})
+	citusAdmin(t, `ALTER SYSTEM SET citus.recover_2pc_interval = -1`, `SELECT pg_reload_conf()`)
+	t.Cleanup(func() { citusAdmin(t, `ALTER SYSTEM RESET citus.recover_2pc_interval`, `SELECT pg_reload_conf()`) })
+	pgtest.RouteWorker(t, w, addr)
 }
 
 // Finding: on Citus, a replay after a crash delivers a stale version, and

@@ -10,60 +10,19 @@ import (
 	"net"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pglocal"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/tcpproxy"
 )
 
-// proxyWorker routes the coordinator's connections to worker i through a
-// tcpproxy, in clear (citus.node_conninfo sslmode=disable), as
-// citus_update_node does for a failover; everything is put back when the
-// test ends. (The same helper as dedup's citusbreak_test.go.)
+// proxyWorker routes the coordinator's connections to worker i of cc
+// through a tcpproxy (pgtest.RouteWorker), so that a test can lose what a
+// worker answers the coordinator.
 func proxyWorker(t *testing.T, cc *pglocal.CitusCluster, i int) *tcpproxy.Proxy {
 	t.Helper()
-	ctx := context.Background()
-	w := cc.Worker(i)
-	px := tcpproxy.New(t, fmt.Sprintf("127.0.0.1:%d", w.Port()))
-	_, pxPort, err := net.SplitHostPort(px.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := pgtest.Base()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var nodeID int
-	if err := conn.QueryRow(ctx, `SELECT nodeid FROM pg_dist_node WHERE nodeport = $1`, w.Port()).Scan(&nodeID); err != nil {
-		t.Fatal(err)
-	}
-	for _, sql := range []string{`ALTER SYSTEM SET citus.node_conninfo = 'sslmode=disable'`, `SELECT pg_reload_conf()`,
-		fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %s)`, nodeID, pxPort)} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	t.Cleanup(func() {
-		conn, err := pgx.Connect(ctx, base)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close(ctx)
-		for _, sql := range []string{fmt.Sprintf(`SELECT citus_update_node(%d, '127.0.0.1', %d)`, nodeID, w.Port()),
-			`ALTER SYSTEM RESET citus.node_conninfo`, `SELECT pg_reload_conf()`, `SELECT start_metadata_sync_to_all_nodes()`} {
-			if _, err := conn.Exec(ctx, sql); err != nil {
-				t.Errorf("%s: %v", sql, err)
-			}
-		}
-	})
+	px := tcpproxy.New(t, fmt.Sprintf("127.0.0.1:%d", cc.Worker(i).Port()))
+	pgtest.RouteWorker(t, cc.Worker(i), px.Addr())
 	return px
 }
 
