@@ -1,9 +1,13 @@
 package dedup_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -144,6 +148,7 @@ func benchDecide(b *testing.B, batch int, rule dedup.Rule) {
 	if batch == 0 {
 		perIter /= 3
 	}
+	cpu := startBackendCPU(ctx, b, s)
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
@@ -170,6 +175,66 @@ func benchDecide(b *testing.B, batch int, rule dedup.Rule) {
 		}
 	}
 	b.ReportMetric(float64(b.N*perIter)/b.Elapsed().Seconds(), "records/s")
+	cpu.report(ctx, b, s, b.N*perIter)
+}
+
+// backendCPU measures what the store's PostgreSQL backends spend (CPU read
+// from /proc: the test server runs on this machine) and the WAL the server
+// writes, per decided record: the server's side of a decide, which
+// records/s alone hides on a machine where the server and the benchmark
+// share the cores.
+type backendCPU struct {
+	start map[int32]time.Duration
+	lsn   string
+}
+
+func startBackendCPU(ctx context.Context, b *testing.B, s *dedup.Store) *backendCPU {
+	c := &backendCPU{start: backendTimes(ctx, b, s)}
+	if err := s.Pool().QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&c.lsn); err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// report adds pg-µs/record and WAL-B/record. A backend the pool opened
+// during the run counts whole; one it closed is missed (it has none to
+// close: the pool keeps its connections).
+func (c *backendCPU) report(ctx context.Context, b *testing.B, s *dedup.Store, records int) {
+	var total time.Duration
+	for pid, t := range backendTimes(ctx, b, s) {
+		total += t - c.start[pid]
+	}
+	var wal int64
+	if err := s.Pool().QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint`, c.lsn).Scan(&wal); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(total.Microseconds())/float64(records), "pg-µs/record")
+	b.ReportMetric(float64(wal)/float64(records), "WAL-B/record")
+}
+
+// backendTimes returns the CPU time so far of each backend of the store's
+// pool, by process id.
+func backendTimes(ctx context.Context, b *testing.B, s *dedup.Store) map[int32]time.Duration {
+	conns := s.Pool().AcquireAllIdle(ctx)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	times := map[int32]time.Duration{}
+	for _, c := range conns {
+		pid := c.Conn().PgConn().PID()
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			b.Fatalf("backend CPU (the server must run on this machine): %v", err)
+		}
+		// utime and stime, in USER_HZ (100 on Linux), after the command name.
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		times[int32(pid)] = time.Duration(u+st) * time.Second / 100
+	}
+	return times
 }
 
 func benchPerCAS(ctx context.Context, s *dedup.Store, recs []benchRec) error {
