@@ -238,6 +238,9 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 // on a mode's table) or a deadlock. Both come from the server in reply to a
 // statement, so the transaction did not commit.
 func isRace(err error) bool {
+	if errors.Is(err, errLockedRowMoved) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return false
