@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -184,12 +185,13 @@ func benchDecide(b *testing.B, batch int, rule dedup.Rule) {
 // records/s alone hides on a machine where the server and the benchmark
 // share the cores.
 type backendCPU struct {
-	start map[int32]time.Duration
-	lsn   string
+	start  map[int32]time.Duration
+	lsn    string
+	client time.Duration // this process's CPU (the Store's side)
 }
 
 func startBackendCPU(ctx context.Context, b *testing.B, s *dedup.Store) *backendCPU {
-	c := &backendCPU{start: backendTimes(ctx, b, s)}
+	c := &backendCPU{start: backendTimes(ctx, b, s), client: selfCPU(b)}
 	if err := s.Pool().QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&c.lsn); err != nil {
 		b.Fatal(err)
 	}
@@ -209,7 +211,17 @@ func (c *backendCPU) report(ctx context.Context, b *testing.B, s *dedup.Store, r
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(total.Microseconds())/float64(records), "pg-µs/record")
+	b.ReportMetric(float64((selfCPU(b)-c.client).Microseconds())/float64(records), "client-µs/record")
 	b.ReportMetric(float64(wal)/float64(records), "WAL-B/record")
+}
+
+// selfCPU returns this process's user and system CPU time so far.
+func selfCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // backendTimes returns the CPU time so far of each backend of the store's
