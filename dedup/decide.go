@@ -200,7 +200,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		if logOffsets == nil { // NOT NULL columns: empty arrays, not NULL
 			logOffsets, logDecisions, logEntities = []int64{}, []int16{}, [][]byte{}
 		}
-		rt2.Queue(sqlLog, p.Group, p.Topic, p.Partition, b.Start, b.End, logOffsets, logDecisions, logEntities, now)
+		rt2.Queue(sqlLog, p.Group, p.Topic, p.Partition, b.Start, b.End, int8Array(logOffsets), int2Array(logDecisions), byteaArray(logEntities), now)
 	}
 	var advanced int64
 	var delivered *int64

@@ -29,3 +29,11 @@ func Classify(distributed bool, err error) error {
 // CitusShapes reports whether s runs the statements written for Citus
 // (its tables are distributed, or SetClaims).
 func CitusShapes(ctx context.Context, s *Store) (bool, error) { return s.citusShapes(ctx) }
+
+// The named array parameters of a decide (arrays.go), for a test.
+type (
+	ByteaArray = byteaArray
+	Int8Array  = int8Array
+	Int2Array  = int2Array
+	TIDArray   = tidArray
+)

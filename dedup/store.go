@@ -97,6 +97,7 @@ func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 				return err
 			}
 		}
+		registerArrays(conn)
 		_, err := conn.Exec(ctx, sqlSchemaShared)
 		return err
 	}

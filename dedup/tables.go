@@ -152,7 +152,7 @@ func (ids *identities) queueChanged(rt2 *pgx.Batch, update, upsert, insert strin
 			tids[k] = ids.tids[i]
 		}
 		want := int64(len(found))
-		rt2.Queue(update, append(args(found), tids)...).Exec(func(ct pgconn.CommandTag) error {
+		rt2.Queue(update, append(args(found), tidArray(tids))...).Exec(func(ct pgconn.CommandTag) error {
 			// Cannot happen: the rows are locked. Rolled back and decided
 			// again (a race), rather than a write gone astray.
 			if n := ct.RowsAffected(); n != want {
@@ -171,8 +171,8 @@ var errLockedRowMoved = errors.New("dedup: a locked row was not where the lock f
 
 // columns returns, for the identities at is, the entity, the digest of the
 // state and the offset that set it.
-func (ids *identities) columns(is []int) (entities, digests [][]byte, offsets []int64) {
-	entities, digests, offsets = make([][]byte, len(is)), make([][]byte, len(is)), make([]int64, len(is))
+func (ids *identities) columns(is []int) (entities, digests byteaArray, offsets int8Array) {
+	entities, digests, offsets = make(byteaArray, len(is)), make(byteaArray, len(is)), make(int8Array, len(is))
 	for k, i := range is {
 		entities[k], digests[k], offsets[k] = ids.entities[i], ids.state[i].Digest[:], ids.offsets[i]
 	}
@@ -229,7 +229,7 @@ func (t lastSeenTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) 
 	sql := sqlLockState
 	switch {
 	case ids.claim:
-		rt1.Queue(sqlClaimState, service, ids.entities)
+		rt1.Queue(sqlClaimState, service, byteaArray(ids.entities))
 		sql = sqlReadState
 		if t.refresh {
 			sql = sqlReadStateRefresh
@@ -237,7 +237,7 @@ func (t lastSeenTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) 
 	case t.refresh:
 		sql = sqlLockStateRefresh
 	}
-	rt1.Queue(sql, service, ids.entities).Query(func(rs pgx.Rows) error {
+	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
 		var e, d []byte
 		var at time.Time
 		var tid pgtype.TID
@@ -301,10 +301,10 @@ type windowTxn struct{ window time.Duration }
 func (t windowTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
 	sql := sqlLockWindow
 	if ids.claim {
-		rt1.Queue(sqlClaimWindow, service, ids.entities)
+		rt1.Queue(sqlClaimWindow, service, byteaArray(ids.entities))
 		sql = sqlReadWindow
 	}
-	rt1.Queue(sql, service, ids.entities).Query(func(rs pgx.Rows) error {
+	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
 		var id []byte
 		var exp time.Time
 		var tid pgtype.TID
@@ -372,10 +372,10 @@ type versionTxn struct{}
 func (versionTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
 	sql := sqlLockVersion
 	if ids.claim {
-		rt1.Queue(sqlClaimVersion, service, ids.entities)
+		rt1.Queue(sqlClaimVersion, service, byteaArray(ids.entities))
 		sql = sqlReadVersion
 	}
-	rt1.Queue(sql, service, ids.entities).Query(func(rs pgx.Rows) error {
+	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
 		var e []byte
 		var v int64
 		var tid pgtype.TID
@@ -394,7 +394,7 @@ func (versionTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
 func (versionTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
 	ids.queueChanged(rt2, sqlUpdateVersion, sqlWriteVersion, sqlInsertVersion, func(is []int) []any {
 		entities, digests, offsets := ids.columns(is)
-		versions := make([]int64, len(is))
+		versions := make(int8Array, len(is))
 		for k, i := range is {
 			versions[k] = ids.state[i].Version
 		}
