@@ -1,11 +1,9 @@
 package dedup
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -62,23 +60,11 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 	if err := validate(b); err != nil {
 		return out, err
 	}
-	// The distinct identities with at least one valid record, sorted: only
-	// they are read and locked (an invalid record changes nothing).
-	idx := make(map[string]int, len(b.Records))
-	entities := make([][]byte, 0, len(b.Records))
-	for _, r := range b.Records {
-		if r.Invalid {
-			continue
-		}
-		if _, ok := idx[string(r.Entity)]; !ok {
-			idx[string(r.Entity)] = 0
-			entities = append(entities, nonNil(r.Entity))
-		}
-	}
-	slices.SortFunc(entities, bytes.Compare)
-	for i, e := range entities {
-		idx[string(e)] = i
-	}
+	// The distinct identities with at least one valid record: only they
+	// are read and locked (an invalid record changes nothing). Each valid
+	// record's slot is its identity's index, found once here: deciding a
+	// record then indexes arrays, not a map.
+	entities, index, slots := identify(b.Records)
 
 	// A lost race for a new identity or a deadlock rolls the transaction
 	// back: nothing changed, so the batch is simply decided again.
@@ -88,7 +74,7 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 		if claim, err = s.Distributed(ctx); err != nil {
 			return out, err
 		}
-		out, raced, err = s.decideOnce(ctx, b, entities, idx, claim || s.claims, out)
+		out, raced, err = s.decideOnce(ctx, b, entities, index, slots, claim || s.claims, out)
 		if !raced {
 			break
 		}
@@ -101,6 +87,32 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 		}
 	}
 	return out, err
+}
+
+// identify returns the distinct entities of the valid records, in the
+// order first seen, the index of each in them, and each record's slot:
+// the index of its entity (-1: invalid). They are not sorted here: each
+// statement that locks them orders them itself (ORDER BY), which is what
+// keeps concurrent batches from deadlocking.
+func identify(recs []Record) (entities [][]byte, index map[string]int32, slots []int32) {
+	index = make(map[string]int32, len(recs))
+	entities = make([][]byte, 0, len(recs))
+	slots = make([]int32, len(recs))
+	for k := range recs {
+		r := &recs[k]
+		if r.Invalid {
+			slots[k] = -1
+			continue
+		}
+		j, ok := index[string(r.Entity)]
+		if !ok {
+			j = int32(len(entities))
+			index[string(r.Entity)] = j
+			entities = append(entities, nonNil(r.Entity))
+		}
+		slots[k] = j
+	}
+	return entities, index, slots
 }
 
 // maxDecideAttempts, plus one per identity of the batch, bounds the runs
@@ -117,7 +129,7 @@ var maxDecideAttempts = 5
 // nothing changed and the batch may be decided again at once.
 //
 // claim selects the statements that lock by writing (Citus; see tables.go).
-func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx map[string]int, claim bool, out []Decision) (_ []Decision, raced bool, _ error) {
+func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, index map[string]int32, slots []int32, claim bool, out []Decision) (_ []Decision, raced bool, _ error) {
 	out = out[:0]
 	p := b.Partition
 	conn, err := s.pool.Acquire(ctx)
@@ -128,7 +140,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 	// reused, by Release.
 	defer conn.Release()
 	table := newTableTxn(b.Rule)
-	ids := newIdentities(b.Rule, entities, idx)
+	ids := newIdentities(b.Rule, entities, index)
 	ids.claim = claim
 
 	// Round trip 1: begin, lock progress, lock the identities that exist,
@@ -181,7 +193,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, idx
 		r := &b.Records[k]
 		d := Invalid
 		if !r.Invalid {
-			d = ids.decide(r, now)
+			d = ids.decide(int(slots[k]), r, now)
 		}
 		out = append(out, d)
 		switch d {

@@ -61,15 +61,16 @@ func newTableTxn(r Rule) tableTxn {
 	return lastSeenTxn{refresh: r.RefreshAfter > 0}
 }
 
-// identities are the distinct identities of a batch, sorted (the order in
-// which they are locked), with their state as the batch goes.
+// identities are the distinct identities of a batch, in the order first
+// seen (each locking statement orders them by key), with their state as
+// the batch goes.
 type identities struct {
 	rule Rule
 	// claim: the identities are locked by a claim (Citus's shape): every
 	// one has a row, so every changed one is written by an upsert.
 	claim    bool
 	entities [][]byte
-	idx      map[string]int // entity -> index in entities
+	index    map[string]int32 // entity -> index in entities
 	// state is each identity's state: as the lock read it, then as each of
 	// its records leaves it.
 	state []Stored
@@ -90,16 +91,16 @@ type identities struct {
 	touched []bool
 }
 
-func newIdentities(rule Rule, entities [][]byte, idx map[string]int) *identities {
+func newIdentities(rule Rule, entities [][]byte, index map[string]int32) *identities {
 	n := len(entities)
-	return &identities{rule: rule, entities: entities, idx: idx, state: make([]Stored, n),
+	return &identities{rule: rule, entities: entities, index: index, state: make([]Stored, n),
 		found: make([]bool, n), changed: make([]bool, n), offsets: make([]int64, n), touched: make([]bool, n)}
 }
 
 // read records the state the lock found for entity e, and where (tid; a
 // claim reads no tid).
 func (ids *identities) read(e []byte, st Stored, tid pgtype.TID) {
-	if i, ok := ids.idx[string(e)]; ok {
+	if i, ok := ids.index[string(e)]; ok {
 		ids.found[i], ids.state[i] = true, st
 		if !ids.claim {
 			if ids.tids == nil {
@@ -110,10 +111,9 @@ func (ids *identities) read(e []byte, st Stored, tid pgtype.TID) {
 	}
 }
 
-// decide decides r, a valid record, at now under the batch's rule, and
-// keeps its identity's new state.
-func (ids *identities) decide(r *Record, now time.Time) Decision {
-	i := ids.idx[string(r.Entity)]
+// decide decides r, a valid record whose identity is entities[i], at now
+// under the batch's rule, and keeps its identity's new state.
+func (ids *identities) decide(i int, r *Record, now time.Time) Decision {
 	prev := ids.state[i]
 	o := ids.rule.Decide(prev, r.Digest, r.Version, now)
 	ids.state[i] = o.State
