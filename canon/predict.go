@@ -79,6 +79,17 @@ func (s *state) remember(buf []byte, sh *shape, ms []member, sorted bool) {
 	sh.n, sh.sorted = len(ms), false
 }
 
+// rememberPerm caches the order perm (see rankOrder) of ms, in input
+// order, whose prefixes are pairwise distinct.
+func (sh *shape) rememberPerm(buf []byte, ms []member, perm *[maxShape]uint8, sorted bool) {
+	for i := range ms {
+		sh.prefixes[i&(maxShape-1)] = ms[i].prefix
+		sh.predict(i, buf[ms[i].key:ms[i].keyEnd])
+	}
+	sh.perm = *perm
+	sh.n, sh.sorted = len(ms), sorted
+}
+
 // predict sets the prediction of input member i, whose name is name.
 func (sh *shape) predict(i int, name []byte) {
 	p := &sh.names[i]
