@@ -30,6 +30,7 @@ type shape struct {
 	prefixes [maxShape]uint64
 	perm     [maxShape]uint8 // perm[k] is the input index of the k-th member in order
 	names    [maxShape]pname
+	pending  uint64 // the prefix sequence hash of the last object that missed (see sortObject)
 }
 
 // pname is the input expected after the opening quote of a plain name of
