@@ -6,6 +6,7 @@ package canon
 import (
 	"bytes"
 	"encoding/binary"
+	"math/bits"
 	"slices"
 )
 
@@ -69,6 +70,7 @@ func (s *state) closeObject(buf []byte, ms []member, body int, top, ignored bool
 	var sh *shape
 	var slot int
 	var err error
+	var cached bool
 	if ps := s.pslot; ps != 0 && s.pk == n && s.shapes[(ps-1)&(len(s.shapes)-1)].n == n {
 		// Every name matched the predicted shape, which did not change
 		// since the object opened (closing an object ends prediction).
@@ -91,8 +93,8 @@ func (s *state) closeObject(buf []byte, ms []member, body int, top, ignored bool
 		}
 	}
 miss:
-	buf, err = s.sortObject(buf, ms, body, top, ignored, sh)
-	if err != nil || sh == nil || sh.n == 0 {
+	buf, cached, err = s.sortObject(buf, ms, body, top, ignored, sh)
+	if err != nil || !cached {
 		return buf, 0, err
 	}
 	return buf, uint8(slot + 1), nil
@@ -104,13 +106,40 @@ hit:
 }
 
 // sortObject is closeObject for objects whose shape is not cached: it
-// sorts the members and caches the shape in sh (if not nil).
-func (s *state) sortObject(buf []byte, ms []member, body int, top, ignored bool, sh *shape) ([]byte, error) {
+// sorts the members and caches the shape in sh (if not nil), reporting
+// whether it did.
+//
+// Objects whose members come in another order in every record (some
+// producers shuffle them) would only evict cached shapes and pay for
+// caching their own, which never hits: a shape of distinct prefixes is
+// cached only when its member order (a hash of the prefix sequence) is
+// that of the last object that missed the slot.
+func (s *state) sortObject(buf []byte, ms []member, body int, top, ignored bool, sh *shape) ([]byte, bool, error) {
+	if len(ms) <= maxShape {
+		var perm [maxShape]uint8
+		if seq, sorted, ok := rankOrder(ms, &perm); ok {
+			// Distinct prefixes: they alone decide the order, and no
+			// two names are equal.
+			n := len(ms)
+			cached := false
+			if sh != nil {
+				if cached = sh.pending == seq; cached {
+					sh.rememberPerm(buf, ms, &perm, sorted)
+				} else {
+					sh.pending = seq
+				}
+			}
+			if sorted && !ignored {
+				return append(buf, '}'), cached, nil
+			}
+			return s.reorder(buf, ms, perm[:n], body, top, ignored), cached, nil
+		}
+	}
 	sorted := true
 	for i := 1; i < len(ms); i++ {
 		if !less(buf, &ms[i-1], &ms[i]) {
 			if sameName(buf, &ms[i-1], &ms[i]) {
-				return buf, dupErr(buf, ms[i-1], ms[i])
+				return buf, false, dupErr(buf, ms[i-1], ms[i])
 			}
 			sorted = false
 			break
@@ -139,15 +168,17 @@ func (s *state) sortObject(buf []byte, ms []member, body int, top, ignored bool,
 		}
 		for i := 1; i < len(ms); i++ {
 			if sameName(buf, &ms[i-1], &ms[i]) {
-				return buf, dupErr(buf, ms[i-1], ms[i])
+				return buf, false, dupErr(buf, ms[i-1], ms[i])
 			}
 		}
 	}
+	cached := false
 	if sh != nil {
 		s.remember(buf, sh, ms, sorted)
+		cached = sh.n != 0
 	}
 	if sorted && !ignored {
-		return append(buf, '}'), nil
+		return append(buf, '}'), cached, nil
 	}
 	tmp := s.tmp[:0]
 	if top {
@@ -158,7 +189,32 @@ func (s *state) sortObject(buf []byte, ms []member, body int, top, ignored bool,
 			tmp = append(tmp, buf[m.start:m.end]...)
 		}
 	}
-	return s.finish(buf, tmp, body, top), nil
+	return s.finish(buf, tmp, body, top), cached, nil
+}
+
+// rankOrder sets perm[k] to the index in ms of the k-th member by name
+// prefix, counting for each member the prefixes below its own (no
+// branches to mispredict on shuffled members), if the prefixes of ms (at
+// most maxShape) are pairwise distinct; ok is false if they are not.
+// sorted reports whether ms is already in order; seq is a hash of the
+// sequence of prefixes.
+func rankOrder(ms []member, perm *[maxShape]uint8) (seq uint64, sorted, ok bool) {
+	var seen uint32
+	sorted = true
+	for i := range ms {
+		p := ms[i].prefix
+		seq = (seq ^ p) * 0x9E3779B97F4A7C15
+		var r uint64
+		for j := range ms {
+			_, b := bits.Sub64(ms[j].prefix, p, 0)
+			r += b
+		}
+		seen |= 1 << (r & 31)
+		perm[r&(maxShape-1)] = uint8(i)
+		sorted = sorted && r == uint64(i)
+	}
+	// Equal prefixes share a rank, leaving another rank unused.
+	return seq, sorted, seen == 1<<len(ms)-1
 }
 
 // finish ends an object whose members were reordered into tmp: the

@@ -30,6 +30,7 @@ type shape struct {
 	prefixes [maxShape]uint64
 	perm     [maxShape]uint8 // perm[k] is the input index of the k-th member in order
 	names    [maxShape]pname
+	pending  uint64 // the prefix sequence hash of the last object that missed (see sortObject)
 }
 
 // pname is the input expected after the opening quote of a plain name of
@@ -77,6 +78,17 @@ func (s *state) remember(buf []byte, sh *shape, ms []member, sorted bool) {
 		sh.predict(pos, buf[ms[k].key:ms[k].keyEnd])
 	}
 	sh.n, sh.sorted = len(ms), false
+}
+
+// rememberPerm caches the order perm (see rankOrder) of ms, in input
+// order, whose prefixes are pairwise distinct.
+func (sh *shape) rememberPerm(buf []byte, ms []member, perm *[maxShape]uint8, sorted bool) {
+	for i := range ms {
+		sh.prefixes[i&(maxShape-1)] = ms[i].prefix
+		sh.predict(i, buf[ms[i].key:ms[i].keyEnd])
+	}
+	sh.perm = *perm
+	sh.n, sh.sorted = len(ms), sorted
 }
 
 // predict sets the prediction of input member i, whose name is name.
