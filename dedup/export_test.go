@@ -37,3 +37,15 @@ type (
 	Int2Array  = int2Array
 	TIDArray   = tidArray
 )
+
+// SQLPlans is the statement setting a decide's planner settings.
+const SQLPlans = sqlPlans
+
+// The statements of a decide's lock and rewrite, for a test of their plans.
+const (
+	SQLLockState    = sqlLockState
+	SQLUpdateState  = sqlUpdateState
+	SQLLockWindow   = sqlLockWindow
+	SQLUpdateWindow = sqlUpdateWindow
+	SQLExtendWindow = sqlExtendWindowTIDs
+)

@@ -197,11 +197,15 @@ const (
 	sqlLockStateRefresh = `SELECT entity, digest, ctid, updated_at FROM state
 		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
 
-	// The rows the lock found, by tid ($8). The service and entity are
-	// checked too: a write can only reach its own row.
+	// The rows the lock found, by tid ($8). The tid is the only condition
+	// on the table, so that the only plan is a TID scan per row (sqlPlans):
+	// a condition on the key let PostgreSQL read every row of the service
+	// through the index instead. The lock holds each row where it found
+	// it, and queueChanged checks the count. ($1, the service, is only
+	// typed: the statement takes the upsert's arguments.)
 	sqlUpdateState = `UPDATE state AS s SET digest = u.d, updated_at = $7, src_topic = $2, src_partition = $3, src_offset = u.o
 		FROM unnest($4::bytea[], $5::bytea[], $6::bigint[], $8::tid[]) AS u(e, d, o, t)
-		WHERE s.ctid = u.t AND s.service = $1 AND s.entity = u.e`
+		WHERE s.ctid = u.t AND $1::text IS NOT NULL`
 
 	// An upsert keeps the statement correct even for a row that a NULL
 	// digest marks absent.
@@ -269,11 +273,11 @@ const (
 	sqlLockWindow = `SELECT id, expires_at, ctid FROM window_ids
 		WHERE service = $1 AND id = ANY($2::bytea[]) ORDER BY id FOR UPDATE`
 
-	// The rows the lock found, by tid ($9).
+	// The rows the lock found, by tid ($9; see sqlUpdateState).
 	sqlUpdateWindow = `UPDATE window_ids AS w SET expires_at = $8, forwarded_at = $7, digest = u.d,
 			src_topic = $2, src_partition = $3, src_offset = u.o
 		FROM unnest($4::bytea[], $5::bytea[], $6::bigint[], $9::tid[]) AS u(i, d, o, t)
-		WHERE w.ctid = u.t AND w.service = $1 AND w.id = u.i`
+		WHERE w.ctid = u.t AND $1::text IS NOT NULL`
 
 	// A found row had expired: the id is forwarded afresh.
 	sqlWriteWindow = `INSERT INTO window_ids AS w (service, id, expires_at, forwarded_at, digest, src_topic, src_partition, src_offset)
@@ -287,6 +291,11 @@ const (
 
 	// Sliding: the repeated ids' windows restart now.
 	sqlExtendWindow = `UPDATE window_ids SET expires_at = $3 WHERE service = $1 AND id = ANY($2::bytea[])`
+	// One server: by the tids the lock found ($2; see sqlUpdateState). By
+	// key, the generic plan read every id of the service through the
+	// expiry index.
+	sqlExtendWindowTIDs = `UPDATE window_ids AS w SET expires_at = $3 FROM unnest($2::tid[]) AS u(t)
+		WHERE w.ctid = u.t AND $1::text IS NOT NULL`
 
 	// Citus: the claim (a placeholder's digest is empty), then the read.
 	sqlClaimWindow = `INSERT INTO window_ids AS w (service, id, expires_at, forwarded_at, digest)
@@ -328,14 +337,28 @@ func (t windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids 
 		entities, digests, offsets := ids.columns(is)
 		return []any{service, p.Topic, p.Partition, entities, digests, offsets, now, exp}
 	})
-	var ext [][]byte
+	var ext byteaArray
+	var tids tidArray
 	for i, touched := range ids.touched {
-		if touched {
+		switch {
+		case !touched:
+		case ids.claim:
 			ext = append(ext, ids.entities[i])
+		default: // touched: found, and not forwarded
+			tids = append(tids, ids.tids[i])
 		}
 	}
 	if len(ext) > 0 {
 		rt2.Queue(sqlExtendWindow, service, ext, exp)
+	}
+	if len(tids) > 0 {
+		want := int64(len(tids))
+		rt2.Queue(sqlExtendWindowTIDs, service, tids, exp).Exec(func(ct pgconn.CommandTag) error {
+			if n := ct.RowsAffected(); n != want {
+				return fmt.Errorf("%w: %d of %d locked rows extended", errLockedRowMoved, n, want)
+			}
+			return nil
+		})
 	}
 }
 
@@ -344,11 +367,11 @@ const (
 	sqlLockVersion = `SELECT entity, version, ctid FROM versions
 		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
 
-	// The rows the lock found, by tid ($9).
+	// The rows the lock found, by tid ($9; see sqlUpdateState).
 	sqlUpdateVersion = `UPDATE versions AS v SET version = u.n, digest = u.d, updated_at = $8,
 			src_topic = $2, src_partition = $3, src_offset = u.o
 		FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[], $9::tid[]) AS u(e, n, d, o, t)
-		WHERE v.ctid = u.t AND v.service = $1 AND v.entity = u.e`
+		WHERE v.ctid = u.t AND $1::text IS NOT NULL`
 
 	sqlWriteVersion = `INSERT INTO versions AS v (service, entity, version, digest, updated_at, src_topic, src_partition, src_offset)
 		SELECT $1, e, n, d, $8, $2, $3, o FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[]) AS u(e, n, d, o)
