@@ -21,6 +21,7 @@ type (
 	int8Array  []int64
 	int2Array  []int16
 	tidArray   []pgtype.TID
+	xidArray   []uint32
 )
 
 // registerArrays installs the fast encoders of the bulk array parameters
@@ -36,6 +37,7 @@ func registerArrays(conn *pgx.Conn) {
 		{"_int8", pgtype.Int8ArrayOID, pgtype.Int8OID, int8Array(nil)},
 		{"_int2", pgtype.Int2ArrayOID, pgtype.Int2OID, int2Array(nil)},
 		{"_tid", pgtype.TIDArrayOID, pgtype.TIDOID, tidArray(nil)},
+		{"_xid", pgtype.XIDArrayOID, pgtype.XIDOID, xidArray(nil)},
 	} {
 		elem, ok := m.TypeForOID(a.elem)
 		if !ok {
@@ -55,7 +57,7 @@ type arrayCodec struct{ *pgtype.ArrayCodec }
 func (c arrayCodec) PlanEncode(m *pgtype.Map, oid uint32, format int16, value any) pgtype.EncodePlan {
 	if format == pgtype.BinaryFormatCode {
 		switch value.(type) {
-		case byteaArray, int8Array, int2Array, tidArray:
+		case byteaArray, int8Array, int2Array, tidArray, xidArray:
 			return arrayPlan{}
 		}
 	}
@@ -98,6 +100,12 @@ func (arrayPlan) Encode(value any, buf []byte) ([]byte, error) {
 		for _, v := range a {
 			buf = binary.BigEndian.AppendUint32(buf, 2)
 			buf = binary.BigEndian.AppendUint16(buf, uint16(v))
+		}
+	case xidArray:
+		buf = arrayHeader(buf, len(a), 0, pgtype.XIDOID, 8*len(a))
+		for _, v := range a {
+			buf = binary.BigEndian.AppendUint32(buf, 4)
+			buf = binary.BigEndian.AppendUint32(buf, v)
 		}
 	case tidArray:
 		null := int32(0)

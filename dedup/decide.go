@@ -4,17 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The statements of Decide common to every mode. Round trip 1 locks, round
-// trip 2 writes. New identities are not locked in advance (no placeholder
-// rows): that cost every record of a batch an extra index probe, about a
-// quarter of the server's CPU per record; a race for a new identity is
-// detected instead. The statements of each mode's table are in tables.go.
+// The statements of Decide common to every mode. Round trip 1 locks the
+// partition's progress and reads the identities' state, round trip 2
+// writes what changed. On one server, a row is written only if it is
+// still the version read, and new identities are not locked in advance
+// (no placeholder rows: that cost every record of a batch an extra index
+// probe, about a quarter of the server's CPU per record); a race with a
+// concurrent decider is detected instead, and the batch decided again. The
+// statements of each mode's table are in tables.go.
 const (
 	sqlBegin = `BEGIN ISOLATION LEVEL READ COMMITTED`
 
@@ -33,11 +37,12 @@ const (
 	sqlLockProgress = `SELECT epoch, next_offset FROM progress
 		WHERE grp = $1 AND topic = $2 AND part = $3 FOR UPDATE`
 
-	// The decision time, read after every lock of the batch is held: a
-	// cleanup that deleted one of its rows as expired, or a decider that
-	// wrote one, committed before, with an earlier time. So the time of the
-	// decisions on one identity never goes back, whichever instance makes
-	// them.
+	// The decision time, read after the identities' state: a cleanup that
+	// deleted one of their rows as expired, or a decider that wrote one,
+	// either committed before the read, with an earlier time, or changed
+	// the row the batch would write, which then runs again. So the time
+	// written for one identity never goes back, whichever instance writes
+	// it.
 	sqlClock = `SELECT clock_timestamp()`
 
 	sqlLog = `INSERT INTO decision_log (grp, topic, part, first_offset, end_offset, offsets, decisions, entities, logged_at)
@@ -73,20 +78,23 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 		return out, err
 	}
 	// The distinct identities with at least one valid record: only they
-	// are read and locked (an invalid record changes nothing). Each valid
+	// are read (an invalid record changes nothing). Each valid
 	// record's slot is its identity's index, found once here: deciding a
 	// record then indexes arrays, not a map.
 	entities, index, slots := identify(b.Records)
 
-	// A lost race for a new identity or a deadlock rolls the transaction
-	// back: nothing changed, so the batch is simply decided again.
+	// A lost race (a new identity created, or a row read changed, by a
+	// concurrent decider) or a deadlock rolls the transaction back:
+	// nothing changed, so the batch is simply decided again.
 	var err error
 	for attempt := 1; ; attempt++ {
 		var claim, raced bool
 		if claim, err = s.Distributed(ctx); err != nil {
 			return out, err
 		}
-		out, raced, err = s.decideOnce(ctx, b, entities, index, slots, claim || s.claims, out)
+		// A run after a lost race locks what it reads: it cannot lose to a
+		// changed row again.
+		out, raced, err = s.decideOnce(ctx, b, entities, index, slots, claim || s.claims, attempt > 1, out)
 		if !raced {
 			break
 		}
@@ -104,8 +112,9 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 // identify returns the distinct entities of the valid records, in the
 // order first seen, the index of each in them, and each record's slot:
 // the index of its entity (-1: invalid). They are not sorted here: each
-// statement that locks them orders them itself (ORDER BY), which is what
-// keeps concurrent batches from deadlocking.
+// statement that locks them orders them itself (ORDER BY), or its
+// arguments are sorted (queueChanged), which is what keeps concurrent
+// batches from deadlocking.
 func identify(recs []Record) (entities [][]byte, index map[string]int32, slots []int32) {
 	index = make(map[string]int32, len(recs))
 	entities = make([][]byte, 0, len(recs))
@@ -128,8 +137,9 @@ func identify(recs []Record) (entities [][]byte, index map[string]int32, slots [
 }
 
 // maxDecideAttempts, plus one per identity of the batch, bounds the runs
-// of one Decide that lose a race for a new identity. Each run that loses
-// finds that identity existing and locks it the next time, but another
+// of one Decide that lose a race. Each run after the first locks what it
+// reads, and a run that lost a new identity finds it existing and locks
+// it the next time, but another
 // new identity of the same batch can be lost in the next run: with
 // deciders of several partitions on overlapping identities (entity not the
 // partition key), five runs were seen to lose in a row, and the error
@@ -137,11 +147,13 @@ func identify(recs []Record) (entities [][]byte, index map[string]int32, slots [
 var maxDecideAttempts = 5
 
 // decideOnce is one transaction of Decide. raced reports a rollback caused
-// by a concurrent decider (a new identity created meanwhile, a deadlock):
-// nothing changed and the batch may be decided again at once.
+// by a concurrent decider (a new identity created or a row read changed
+// meanwhile, a deadlock): nothing changed and the batch may be decided
+// again at once.
 //
-// claim selects the statements that lock by writing (Citus; see tables.go).
-func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, index map[string]int32, slots []int32, claim bool, out []Decision) (_ []Decision, raced bool, _ error) {
+// claim selects the statements that lock by writing (Citus; see tables.go),
+// lock those that lock what they read (one server).
+func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, index map[string]int32, slots []int32, claim, lock bool, out []Decision) (_ []Decision, raced bool, _ error) {
 	out = out[:0]
 	p := b.Partition
 	conn, err := s.pool.Acquire(ctx)
@@ -153,10 +165,10 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	defer conn.Release()
 	table := newTableTxn(b.Rule)
 	ids := newIdentities(b.Rule, entities, index)
-	ids.claim = claim
+	ids.claim, ids.lock = claim, lock
 
-	// Round trip 1: begin, lock progress, lock the identities that exist,
-	// read the clock.
+	// Round trip 1: begin, lock progress, read the identities that exist
+	// (locked after a lost race, or claimed on Citus), read the clock.
 	var epoch int64
 	var next *int64
 	var now time.Time
@@ -260,15 +272,18 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 
 // isRace reports an error that rolled a Decide back because of a
 // concurrent decider: a new identity inserted meanwhile (unique violation
-// on a mode's table) or a deadlock. Both come from the server in reply to a
-// statement, so the transaction did not commit.
+// on a mode's table), a row changed since it was read, or a deadlock. All
+// come from the server in reply to a statement, so the transaction did not
+// commit.
 func isRace(err error) bool {
-	if errors.Is(err, errLockedRowMoved) {
-		return true
-	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return false
+	}
+	// A rewrite found a row changed since the read (tables.go): its check
+	// failed the statement with its message in a cast's error.
+	if pgErr.Code == "22P02" && strings.Contains(pgErr.Message, rowChangedMsg) {
+		return true
 	}
 	if pgErr.Code == "40P01" {
 		return true

@@ -464,6 +464,23 @@ func testDecideNewIdentityRace(t *testing.T, s *dedup.Store, exhaust bool) {
 	if _, err := other.Exec(ctx, `INSERT INTO state (service, entity, digest) VALUES ('svc', 'new', $1)`, d[:]); err != nil {
 		t.Fatal(err)
 	}
+	// On one server, Decide waits for this transaction itself: tests
+	// running in parallel wait for locks of their own.
+	var xid string
+	if err := other.QueryRow(ctx, `SELECT pg_current_xact_id()::xid::text`).Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	waits := func() bool {
+		if distributed(t, s) {
+			return waiting(ctx, t, s)
+		}
+		var w bool
+		if err := s.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
+			WHERE NOT granted AND locktype = 'transactionid' AND transactionid::text = $1)`, xid).Scan(&w); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
 
 	type result struct {
 		got []dedup.Decision
@@ -479,7 +496,7 @@ func testDecideNewIdentityRace(t *testing.T, s *dedup.Store, exhaust bool) {
 	// Wait until Decide's insert waits on the open transaction.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if waiting(ctx, t, s) {
+		if waits() {
 			break
 		}
 		select {

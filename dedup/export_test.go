@@ -43,7 +43,9 @@ const SQLPlans = sqlPlans
 
 // The statements of a decide's lock and rewrite, for a test of their plans.
 const (
+	SQLReadState    = sqlReadStateRows
 	SQLLockState    = sqlLockState
+	SQLReadWindow   = sqlReadWindowRows
 	SQLUpdateState  = sqlUpdateState
 	SQLLockWindow   = sqlLockWindow
 	SQLUpdateWindow = sqlUpdateWindow

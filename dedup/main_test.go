@@ -104,7 +104,7 @@ func distributed(t testing.TB, s *dedup.Store) bool {
 // locking by writing, which plain PostgreSQL runs too); on Citus the
 // claims only. shape prepares each store the test opens.
 func shapes(t *testing.T, fn func(t *testing.T, shape func(*dedup.Store) *dedup.Store)) {
-	t.Run("select-for-update", func(t *testing.T) {
+	t.Run("one-server", func(t *testing.T) {
 		t.Parallel()
 		fn(t, func(s *dedup.Store) *dedup.Store { return s })
 	})

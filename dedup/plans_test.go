@@ -142,8 +142,10 @@ func TestDecidePlansForBigBatches(t *testing.T) {
 		table, sql string
 		byTID      bool
 	}{
+		{"state", dedup.SQLReadState, false},
 		{"state", dedup.SQLLockState, false},
 		{"state", dedup.SQLUpdateState, true},
+		{"window_ids", dedup.SQLReadWindow, false},
 		{"window_ids", dedup.SQLLockWindow, false},
 		{"window_ids", dedup.SQLUpdateWindow, true},
 		{"window_ids", dedup.SQLExtendWindow, true},
@@ -153,25 +155,25 @@ func TestDecidePlansForBigBatches(t *testing.T) {
 			key = "id"
 		}
 		// The batch's arguments, as literals: planned as a custom plan is.
-		var keys, tids, zeros string
-		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT array_agg(%s)::text, array_agg(ctid)::text, array_agg(0)::text
-			FROM (SELECT %s, ctid FROM %s ORDER BY md5(%s::text) LIMIT 3000) x`, key, key, c.table, key)).Scan(&keys, &tids, &zeros); err != nil {
+		var keys, tids, xmins, zeros string
+		if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT array_agg(%s)::text, array_agg(ctid)::text, array_agg(xmin)::text, array_agg(0)::text
+			FROM (SELECT %s, ctid, xmin FROM %s ORDER BY md5(%s::text) LIMIT 3000) x`, key, key, c.table, key)).Scan(&keys, &tids, &xmins, &zeros); err != nil {
 			t.Fatal(err)
 		}
 		args := map[string]string{
 			"$1": "'bench'", "$2": "'in'", "$3": "0", "$4": lit(keys, "bytea[]"), "$5": lit(keys, "bytea[]"),
-			"$6": lit(zeros, "bigint[]"), "$7": "now()", "$8": lit(tids, "tid[]"), "$9": lit(tids, "tid[]"),
+			"$6": lit(zeros, "bigint[]"), "$7": "now()", "$8": lit(tids, "tid[]"), "$9": lit(xmins, "xid[]"),
 		}
-		if strings.HasPrefix(c.sql, "UPDATE window_ids AS w SET expires_at = $3") { // the extension
-			args["$2"], args["$3"] = lit(tids, "tid[]"), "now()"
+		switch c.sql {
+		case dedup.SQLExtendWindow:
+			args["$2"], args["$3"], args["$4"] = lit(tids, "tid[]"), "now()", lit(xmins, "xid[]")
+		case dedup.SQLUpdateWindow:
+			args["$8"], args["$9"], args["$10"] = "now()", lit(tids, "tid[]"), lit(xmins, "xid[]")
 		}
-		if strings.HasPrefix(c.sql, "UPDATE window_ids AS w SET expires_at = $8") {
-			args["$8"] = "now()"
-		}
-		if c.sql == dedup.SQLLockState || c.sql == dedup.SQLLockWindow {
+		if strings.HasPrefix(c.sql, "SELECT") { // the reads
 			args["$2"] = lit(keys, "bytea[]")
 		}
-		q := regexp.MustCompile(`\$[0-9]`).ReplaceAllStringFunc(c.sql, func(p string) string { return args[p] })
+		q := regexp.MustCompile(`\$[0-9]+`).ReplaceAllStringFunc(c.sql, func(p string) string { return args[p] })
 		var plan string
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, dedup.SQLPlans); err != nil {

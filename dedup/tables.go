@@ -1,31 +1,39 @@
 package dedup
 
 import (
-	"errors"
-	"fmt"
+	"bytes"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/dam-dedup/dam/canon"
 )
 
 // Each mode's table in a Decide transaction. Per transaction, a tableTxn
-// queues the statements locking the batch's identities and reading their
-// state (round trip 1); Decide then runs the rule (Rule.Decide, rules.go)
-// on each record in offset order, in memory, and the tableTxn queues the
-// statements writing what changed (round trip 2).
+// queues the statements reading the batch's identities' state (round trip
+// 1); Decide then runs the rule (Rule.Decide, rules.go) on each record in
+// offset order, in memory, and the tableTxn queues the statements writing
+// what changed (round trip 2).
 //
-// Two shapes lock, one per engine (Store.Distributed):
+// Two shapes, one per engine (Store.Distributed):
 //
-//   - One server: SELECT ... FOR UPDATE locks and reads the identities
-//     that exist, in key order (the same in every batch, so concurrent
-//     batches do not deadlock on them). Identities it did not find are
-//     written by a plain INSERT whose unique violation, if a concurrent
-//     decider created one of them meanwhile, rolls the transaction back to
-//     be run again (see Decide). New identities cost no placeholder row.
+//   - One server: a plain SELECT reads the identities that exist, with
+//     where each row version is (ctid) and which transaction wrote it
+//     (xmin). Only what changes is written: each rewrite goes to its row
+//     by tid on condition that its xmin is still the one read (a row
+//     updated, deleted or moved since is not that version any more), and
+//     the count is checked; a row changed meanwhile rolls the transaction
+//     back to be run again (see Decide), and that run locks what it reads
+//     (SELECT ... FOR UPDATE, in key order), so a batch that lost once
+//     cannot lose again. A duplicate writes nothing: it is decided on the
+//     state as the read found it, its linearization point. Identities the
+//     read did not find are written by a plain INSERT whose unique
+//     violation, if a concurrent decider created one of them meanwhile,
+//     rolls the transaction back the same way. New identities cost no
+//     placeholder row, duplicates no row lock (a lock is a write: WAL and
+//     a dirtied page for a record that changes nothing).
 //   - Citus refuses SELECT ... FOR UPDATE over several shards, and a batch's
 //     identities are spread over every shard. There, a claim locks by
 //     writing: INSERT ... ON CONFLICT DO UPDATE ... WHERE false inserts a
@@ -38,14 +46,14 @@ import (
 //     waits on the placeholder instead of losing a race; a deadlock between
 //     shards is broken by Citus and run again (see Decide).
 //
-// Both shapes read the same state and run the same rule; their writes are
-// the same upserts.
+// Both shapes read the same state and run the same rule; their writes set
+// the same columns.
 
 // tableTxn is one mode's table in one Decide transaction.
 type tableTxn interface {
-	// queueLock queues the statements that lock ids's entities and read
-	// their stored state (of those that exist) into ids, in the shape
-	// ids.claim says.
+	// queueLock queues the statements that read ids's entities' stored
+	// state (of those that exist) into ids, locking them in the shape
+	// ids.claim and ids.lock say.
 	queueLock(rt1 *pgx.Batch, service string, ids *identities)
 	// queueWrites queues the statements writing ids's changed identities.
 	queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time)
@@ -68,7 +76,9 @@ type identities struct {
 	rule Rule
 	// claim: the identities are locked by a claim (Citus's shape): every
 	// one has a row, so every changed one is written by an upsert.
-	claim    bool
+	claim bool
+	// lock: one server, the read locks the rows (a run after a lost race).
+	lock     bool
 	entities [][]byte
 	index    map[string]int32 // entity -> index in entities
 	// state is each identity's state: as the lock read it, then as each of
@@ -76,12 +86,13 @@ type identities struct {
 	state []Stored
 	// found: the lock found a row (rewritten; the others are inserted).
 	found []bool
-	// tids: where the one-server lock found each row (its ctid). The row is
-	// locked, so it stays there until this transaction rewrites it: the
-	// rewrite goes straight to it, without the index probe and the
-	// uniqueness check of an upsert (a quarter of the server's CPU per
-	// decided record).
-	tids []pgtype.TID
+	// tids and xmins: one server, where the read found each row version
+	// (its ctid) and the transaction that wrote it. The rewrite goes
+	// straight to it, without the index probe and the uniqueness check of
+	// an upsert (a quarter of the server's CPU per decided record), if it
+	// is still that version.
+	tids  []pgtype.TID
+	xmins []uint32
 	// changed: a record of the batch forwarded the identity; offsets holds
 	// that record's offset.
 	changed []bool
@@ -97,18 +108,33 @@ func newIdentities(rule Rule, entities [][]byte, index map[string]int32) *identi
 		found: make([]bool, n), changed: make([]bool, n), offsets: make([]int64, n), touched: make([]bool, n)}
 }
 
-// read records the state the lock found for entity e, and where (tid; a
-// claim reads no tid).
-func (ids *identities) read(e []byte, st Stored, tid pgtype.TID) {
+// read records the state read for entity e, and which row version (a
+// claim reads none).
+func (ids *identities) read(e []byte, st Stored, v rowVersion) {
 	if i, ok := ids.index[string(e)]; ok {
 		ids.found[i], ids.state[i] = true, st
 		if !ids.claim {
 			if ids.tids == nil {
-				ids.tids = make([]pgtype.TID, len(ids.entities))
+				ids.tids, ids.xmins = make([]pgtype.TID, len(ids.entities)), make([]uint32, len(ids.entities))
 			}
-			ids.tids[i] = tid
+			ids.tids[i], ids.xmins[i] = v.tid, v.xmin
 		}
 	}
+}
+
+// rowVersion is where a row version is and the transaction that wrote it.
+type rowVersion struct {
+	tid  pgtype.TID
+	xmin uint32
+}
+
+// dest adds the row version's columns (ctid, xmin) to a read's, on one
+// server.
+func (v *rowVersion) dest(ids *identities, dest []any) []any {
+	if ids.claim {
+		return dest
+	}
+	return append(dest, &v.tid, &v.xmin)
 }
 
 // decide decides r, a valid record whose identity is entities[i], at now
@@ -128,9 +154,9 @@ func (ids *identities) decide(i int, r *Record, now time.Time) Decision {
 
 // queueChanged queues the writes of the changed identities, each
 // statement with the arguments args makes for its identities (indexes into
-// entities): update for those the one-server lock found (with their tids
-// as one more argument), upsert for every one a claim locked, insert for
-// the new ones.
+// entities): update for those the one-server read found (with their tids
+// and xmins as two more arguments), upsert for every one a claim locked,
+// insert for the new ones.
 func (ids *identities) queueChanged(rt2 *pgx.Batch, update, upsert, insert string, args func(is []int) []any) {
 	var found, added []int
 	for i, c := range ids.changed {
@@ -147,27 +173,35 @@ func (ids *identities) queueChanged(rt2 *pgx.Batch, update, upsert, insert strin
 	case ids.claim:
 		rt2.Queue(upsert, args(found)...)
 	default:
-		tids := make([]pgtype.TID, len(found))
-		for k, i := range found {
-			tids[k] = ids.tids[i]
-		}
-		want := int64(len(found))
-		rt2.Queue(update, append(args(found), tidArray(tids))...).Exec(func(ct pgconn.CommandTag) error {
-			// Cannot happen: the rows are locked. Rolled back and decided
-			// again (a race), rather than a write gone astray.
-			if n := ct.RowsAffected(); n != want {
-				return fmt.Errorf("%w: %d of %d locked rows rewritten", errLockedRowMoved, n, want)
-			}
-			return nil
-		})
+		// In key order, as every decider writes: concurrent rewrites of
+		// the same rows wait for each other instead of deadlocking.
+		slices.SortFunc(found, func(a, b int) int { return bytes.Compare(ids.entities[a], ids.entities[b]) })
+		tids, xmins := ids.versions(found)
+		rt2.Queue(update, append(args(found), tids, xmins)...)
 	}
 	if len(added) > 0 {
 		rt2.Queue(insert, args(added)...)
 	}
 }
 
-// errLockedRowMoved: a rewrite by tid missed a row the lock holds.
-var errLockedRowMoved = errors.New("dedup: a locked row was not where the lock found it")
+// versions returns the row versions the read found for the identities
+// at is.
+func (ids *identities) versions(is []int) (tidArray, xidArray) {
+	tids, xmins := make(tidArray, len(is)), make(xidArray, len(is))
+	for k, i := range is {
+		tids[k], xmins[k] = ids.tids[i], ids.xmins[i]
+	}
+	return tids, xmins
+}
+
+// Each rewrite by row version ends with a check: a row changed since it
+// was read (not rewritten) fails the statement, so that the server rolls
+// the transaction back (the COMMIT queued after it in the same round trip
+// is skipped: a check in the client would come too late); isRace takes the
+// error for a lost race. The cast of a non-constant text fails only then.
+
+// rowChangedMsg starts the error of a rewrite that found a row changed.
+const rowChangedMsg = "dam: a row changed since it was read"
 
 // columns returns, for the identities at is, the entity, the digest of the
 // state and the offset that set it.
@@ -177,6 +211,14 @@ func (ids *identities) columns(is []int) (entities, digests byteaArray, offsets 
 		entities[k], digests[k], offsets[k] = ids.entities[i], ids.state[i].Digest[:], ids.offsets[i]
 	}
 	return entities, digests, offsets
+}
+
+// pick returns a if cond, else b.
+func pick(cond bool, a, b string) string {
+	if cond {
+		return a
+	}
+	return b
 }
 
 // storedDigest reads a stored digest. One of another length (not written
@@ -191,21 +233,26 @@ func storedDigest(b []byte) canon.Digest {
 
 // Last-seen: table state.
 const (
-	sqlLockState = `SELECT entity, digest, ctid FROM state
-		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
+	// One server: the read, and the read that locks (after a lost race).
+	sqlReadStateRows = `SELECT entity, digest, ctid, xmin FROM state
+		WHERE service = $1 AND entity = ANY($2::bytea[])`
+	sqlLockState = sqlReadStateRows + ` ORDER BY entity FOR UPDATE`
 	// With refresh_after, also when each identity was last forwarded.
-	sqlLockStateRefresh = `SELECT entity, digest, ctid, updated_at FROM state
-		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
+	sqlReadStateRowsRefresh = `SELECT entity, digest, ctid, xmin, updated_at FROM state
+		WHERE service = $1 AND entity = ANY($2::bytea[])`
+	sqlLockStateRefresh = sqlReadStateRowsRefresh + ` ORDER BY entity FOR UPDATE`
 
-	// The rows the lock found, by tid ($8). The tid is the only condition
-	// on the table, so that the only plan is a TID scan per row (sqlPlans):
-	// a condition on the key let PostgreSQL read every row of the service
-	// through the index instead. The lock holds each row where it found
-	// it, and queueChanged checks the count. ($1, the service, is only
+	// The row versions read, by tid ($8) if still the version read (xmin,
+	// $9). The row version is the only condition on the table, so that the
+	// only plan is a TID scan per row (sqlPlans): a condition on the key
+	// let PostgreSQL read every row of the service through the index
+	// instead. The count is checked (rowChangedMsg). ($1, the service, is only
 	// typed: the statement takes the upsert's arguments.)
-	sqlUpdateState = `UPDATE state AS s SET digest = u.d, updated_at = $7, src_topic = $2, src_partition = $3, src_offset = u.o
-		FROM unnest($4::bytea[], $5::bytea[], $6::bigint[], $8::tid[]) AS u(e, d, o, t)
-		WHERE s.ctid = u.t AND $1::text IS NOT NULL`
+	sqlUpdateState = `WITH w AS (UPDATE state AS s SET digest = u.d, updated_at = $7, src_topic = $2, src_partition = $3, src_offset = u.o
+		FROM unnest($4::bytea[], $5::bytea[], $6::bigint[], $8::tid[], $9::xid[]) AS u(e, d, o, t, x)
+		WHERE s.ctid = u.t AND s.xmin = u.x AND $1::text IS NOT NULL RETURNING 1)
+		SELECT CASE WHEN count(*) = cardinality($8::tid[]) THEN 0
+			ELSE ('` + rowChangedMsg + `: ' || count(*) || ' of ' || cardinality($8::tid[]))::int END FROM w`
 
 	// An upsert keeps the statement correct even for a row that a NULL
 	// digest marks absent.
@@ -230,31 +277,27 @@ const (
 type lastSeenTxn struct{ refresh bool }
 
 func (t lastSeenTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
-	sql := sqlLockState
+	var sql string
 	switch {
 	case ids.claim:
 		rt1.Queue(sqlClaimState, service, byteaArray(ids.entities))
-		sql = sqlReadState
-		if t.refresh {
-			sql = sqlReadStateRefresh
-		}
-	case t.refresh:
-		sql = sqlLockStateRefresh
+		sql = pick(t.refresh, sqlReadStateRefresh, sqlReadState)
+	case ids.lock:
+		sql = pick(t.refresh, sqlLockStateRefresh, sqlLockState)
+	default:
+		sql = pick(t.refresh, sqlReadStateRowsRefresh, sqlReadStateRows)
 	}
 	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
 		var e, d []byte
 		var at time.Time
-		var tid pgtype.TID
-		dest := []any{&e, &d}
-		if !ids.claim {
-			dest = append(dest, &tid)
-		}
+		var v rowVersion
+		dest := v.dest(ids, []any{&e, &d})
 		if t.refresh {
 			dest = append(dest, &at)
 		}
 		_, err := pgx.ForEachRow(rs, dest, func() error {
 			// A row whose digest is NULL holds no state, but exists.
-			ids.read(e, Stored{Found: d != nil, Digest: storedDigest(d), Forwarded: at}, tid)
+			ids.read(e, Stored{Found: d != nil, Digest: storedDigest(d), Forwarded: at}, v)
 			return nil
 		})
 		return err
@@ -270,14 +313,17 @@ func (t lastSeenTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, id
 
 // Window: table window_ids.
 const (
-	sqlLockWindow = `SELECT id, expires_at, ctid FROM window_ids
-		WHERE service = $1 AND id = ANY($2::bytea[]) ORDER BY id FOR UPDATE`
+	sqlReadWindowRows = `SELECT id, expires_at, ctid, xmin FROM window_ids
+		WHERE service = $1 AND id = ANY($2::bytea[])`
+	sqlLockWindow = sqlReadWindowRows + ` ORDER BY id FOR UPDATE`
 
-	// The rows the lock found, by tid ($9; see sqlUpdateState).
-	sqlUpdateWindow = `UPDATE window_ids AS w SET expires_at = $8, forwarded_at = $7, digest = u.d,
+	// The row versions read ($9, $10; see sqlUpdateState).
+	sqlUpdateWindow = `WITH w AS (UPDATE window_ids AS w SET expires_at = $8, forwarded_at = $7, digest = u.d,
 			src_topic = $2, src_partition = $3, src_offset = u.o
-		FROM unnest($4::bytea[], $5::bytea[], $6::bigint[], $9::tid[]) AS u(i, d, o, t)
-		WHERE w.ctid = u.t AND $1::text IS NOT NULL`
+		FROM unnest($4::bytea[], $5::bytea[], $6::bigint[], $9::tid[], $10::xid[]) AS u(i, d, o, t, x)
+		WHERE w.ctid = u.t AND w.xmin = u.x AND $1::text IS NOT NULL RETURNING 1)
+		SELECT CASE WHEN count(*) = cardinality($9::tid[]) THEN 0
+			ELSE ('` + rowChangedMsg + `: ' || count(*) || ' of ' || cardinality($9::tid[]))::int END FROM w`
 
 	// A found row had expired: the id is forwarded afresh.
 	sqlWriteWindow = `INSERT INTO window_ids AS w (service, id, expires_at, forwarded_at, digest, src_topic, src_partition, src_offset)
@@ -291,11 +337,13 @@ const (
 
 	// Sliding: the repeated ids' windows restart now.
 	sqlExtendWindow = `UPDATE window_ids SET expires_at = $3 WHERE service = $1 AND id = ANY($2::bytea[])`
-	// One server: by the tids the lock found ($2; see sqlUpdateState). By
+	// One server: the row versions read ($2, $4; see sqlUpdateState). By
 	// key, the generic plan read every id of the service through the
 	// expiry index.
-	sqlExtendWindowTIDs = `UPDATE window_ids AS w SET expires_at = $3 FROM unnest($2::tid[]) AS u(t)
-		WHERE w.ctid = u.t AND $1::text IS NOT NULL`
+	sqlExtendWindowTIDs = `WITH w AS (UPDATE window_ids AS w SET expires_at = $3 FROM unnest($2::tid[], $4::xid[]) AS u(t, x)
+		WHERE w.ctid = u.t AND w.xmin = u.x AND $1::text IS NOT NULL RETURNING 1)
+		SELECT CASE WHEN count(*) = cardinality($2::tid[]) THEN 0
+			ELSE ('` + rowChangedMsg + `: ' || count(*) || ' of ' || cardinality($2::tid[]))::int END FROM w`
 
 	// Citus: the claim (a placeholder's digest is empty), then the read.
 	sqlClaimWindow = `INSERT INTO window_ids AS w (service, id, expires_at, forwarded_at, digest)
@@ -308,7 +356,7 @@ const (
 type windowTxn struct{ window time.Duration }
 
 func (t windowTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
-	sql := sqlLockWindow
+	sql := pick(ids.lock, sqlLockWindow, sqlReadWindowRows)
 	if ids.claim {
 		rt1.Queue(sqlClaimWindow, service, byteaArray(ids.entities))
 		sql = sqlReadWindow
@@ -316,13 +364,9 @@ func (t windowTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
 	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
 		var id []byte
 		var exp time.Time
-		var tid pgtype.TID
-		dest := []any{&id, &exp}
-		if !ids.claim {
-			dest = append(dest, &tid)
-		}
-		_, err := pgx.ForEachRow(rs, dest, func() error {
-			ids.read(id, Stored{Found: true, Expires: exp}, tid)
+		var v rowVersion
+		_, err := pgx.ForEachRow(rs, v.dest(ids, []any{&id, &exp}), func() error {
+			ids.read(id, Stored{Found: true, Expires: exp}, v)
 			return nil
 		})
 		return err
@@ -338,40 +382,39 @@ func (t windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids 
 		return []any{service, p.Topic, p.Partition, entities, digests, offsets, now, exp}
 	})
 	var ext byteaArray
-	var tids tidArray
+	var found []int
 	for i, touched := range ids.touched {
 		switch {
 		case !touched:
 		case ids.claim:
 			ext = append(ext, ids.entities[i])
 		default: // touched: found, and not forwarded
-			tids = append(tids, ids.tids[i])
+			found = append(found, i)
 		}
 	}
 	if len(ext) > 0 {
 		rt2.Queue(sqlExtendWindow, service, ext, exp)
 	}
-	if len(tids) > 0 {
-		want := int64(len(tids))
-		rt2.Queue(sqlExtendWindowTIDs, service, tids, exp).Exec(func(ct pgconn.CommandTag) error {
-			if n := ct.RowsAffected(); n != want {
-				return fmt.Errorf("%w: %d of %d locked rows extended", errLockedRowMoved, n, want)
-			}
-			return nil
-		})
+	if len(found) > 0 {
+		slices.SortFunc(found, func(a, b int) int { return bytes.Compare(ids.entities[a], ids.entities[b]) }) // see queueChanged
+		tids, xmins := ids.versions(found)
+		rt2.Queue(sqlExtendWindowTIDs, service, tids, exp, xmins)
 	}
 }
 
 // Version: table versions.
 const (
-	sqlLockVersion = `SELECT entity, version, ctid FROM versions
-		WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
+	sqlReadVersionRows = `SELECT entity, version, ctid, xmin FROM versions
+		WHERE service = $1 AND entity = ANY($2::bytea[])`
+	sqlLockVersion = sqlReadVersionRows + ` ORDER BY entity FOR UPDATE`
 
-	// The rows the lock found, by tid ($9; see sqlUpdateState).
-	sqlUpdateVersion = `UPDATE versions AS v SET version = u.n, digest = u.d, updated_at = $8,
+	// The row versions read ($9, $10; see sqlUpdateState).
+	sqlUpdateVersion = `WITH w AS (UPDATE versions AS v SET version = u.n, digest = u.d, updated_at = $8,
 			src_topic = $2, src_partition = $3, src_offset = u.o
-		FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[], $9::tid[]) AS u(e, n, d, o, t)
-		WHERE v.ctid = u.t AND $1::text IS NOT NULL`
+		FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[], $9::tid[], $10::xid[]) AS u(e, n, d, o, t, x)
+		WHERE v.ctid = u.t AND v.xmin = u.x AND $1::text IS NOT NULL RETURNING 1)
+		SELECT CASE WHEN count(*) = cardinality($9::tid[]) THEN 0
+			ELSE ('` + rowChangedMsg + `: ' || count(*) || ' of ' || cardinality($9::tid[]))::int END FROM w`
 
 	sqlWriteVersion = `INSERT INTO versions AS v (service, entity, version, digest, updated_at, src_topic, src_partition, src_offset)
 		SELECT $1, e, n, d, $8, $2, $3, o FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[]) AS u(e, n, d, o)
@@ -393,21 +436,17 @@ const (
 type versionTxn struct{}
 
 func (versionTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
-	sql := sqlLockVersion
+	sql := pick(ids.lock, sqlLockVersion, sqlReadVersionRows)
 	if ids.claim {
 		rt1.Queue(sqlClaimVersion, service, byteaArray(ids.entities))
 		sql = sqlReadVersion
 	}
 	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
 		var e []byte
-		var v int64
-		var tid pgtype.TID
-		dest := []any{&e, &v}
-		if !ids.claim {
-			dest = append(dest, &tid)
-		}
-		_, err := pgx.ForEachRow(rs, dest, func() error {
-			ids.read(e, Stored{Found: true, Version: v}, tid)
+		var n int64
+		var v rowVersion
+		_, err := pgx.ForEachRow(rs, v.dest(ids, []any{&e, &n}), func() error {
+			ids.read(e, Stored{Found: true, Version: n}, v)
 			return nil
 		})
 		return err
