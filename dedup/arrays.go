@@ -13,9 +13,10 @@ import (
 // reflection and an interface per element, which was a third of the
 // client's CPU in a Decide (BenchmarkDecide, client-µs/record). These
 // named slices are encoded in PostgreSQL's binary array format in one
-// pass instead, by the codecs registerArrays puts on each connection. On a
-// connection without them (NewStore's pool) pgx encodes their underlying
-// slices as before: the same bytes, more slowly.
+// pass instead, by the codecs registerArrays puts on the connection: every
+// decide does, on the connection it uses (a pool built by the caller,
+// NewStore's, has none of its own; without them pgx cannot even type the
+// named slices in the exec and simple protocol modes).
 type (
 	byteaArray [][]byte
 	int8Array  []int64
@@ -25,9 +26,14 @@ type (
 )
 
 // registerArrays installs the fast encoders of the bulk array parameters
-// on conn's type map (decoding is unchanged).
+// on conn's type map (decoding is unchanged), once.
 func registerArrays(conn *pgx.Conn) {
 	m := conn.TypeMap()
+	if t, ok := m.TypeForOID(pgtype.XIDArrayOID); ok {
+		if _, ours := t.Codec.(arrayCodec); ours {
+			return
+		}
+	}
 	for _, a := range []struct {
 		name      string
 		oid, elem uint32

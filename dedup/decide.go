@@ -163,6 +163,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	// A connection left inside a transaction (after an error) is closed, not
 	// reused, by Release.
 	defer conn.Release()
+	registerArrays(conn.Conn())
 	table := newTableTxn(b.Rule)
 	ids := newIdentities(b.Rule, entities, index)
 	ids.claim, ids.lock = claim, lock

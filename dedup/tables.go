@@ -243,14 +243,18 @@ const (
 	sqlLockStateRefresh = sqlReadStateRowsRefresh + ` ORDER BY entity FOR UPDATE`
 
 	// The row versions read, by tid ($8) if still the version read (xmin,
-	// $9). The row version is the only condition on the table, so that the
-	// only plan is a TID scan per row (sqlPlans): a condition on the key
-	// let PostgreSQL read every row of the service through the index
-	// instead. The count is checked (rowChangedMsg). ($1, the service, is only
-	// typed: the statement takes the upsert's arguments.)
+	// $9) and still the identity's: a tid means a row in one table, and on
+	// tables distributed under a running dam (before the store learns the
+	// engine) the statement runs on every shard, where the same tid is
+	// another identity's row. The row version is the only condition the
+	// planner can use, so that the only plan is a TID scan per row
+	// (sqlPlans): an indexable condition on the key let PostgreSQL read
+	// every row of the service through the index instead, hence the
+	// entity compared inside IS TRUE, and the service ($1) only typed.
+	// The count is checked (rowChangedMsg).
 	sqlUpdateState = `WITH w AS (UPDATE state AS s SET digest = u.d, updated_at = $7, src_topic = $2, src_partition = $3, src_offset = u.o
 		FROM unnest($4::bytea[], $5::bytea[], $6::bigint[], $8::tid[], $9::xid[]) AS u(e, d, o, t, x)
-		WHERE s.ctid = u.t AND s.xmin = u.x AND $1::text IS NOT NULL RETURNING 1)
+		WHERE s.ctid = u.t AND s.xmin = u.x AND (s.entity = u.e) IS TRUE AND $1::text IS NOT NULL RETURNING 1)
 		SELECT CASE WHEN count(*) = cardinality($8::tid[]) THEN 0
 			ELSE ('` + rowChangedMsg + `: ' || count(*) || ' of ' || cardinality($8::tid[]))::int END FROM w`
 
@@ -321,7 +325,7 @@ const (
 	sqlUpdateWindow = `WITH w AS (UPDATE window_ids AS w SET expires_at = $8, forwarded_at = $7, digest = u.d,
 			src_topic = $2, src_partition = $3, src_offset = u.o
 		FROM unnest($4::bytea[], $5::bytea[], $6::bigint[], $9::tid[], $10::xid[]) AS u(i, d, o, t, x)
-		WHERE w.ctid = u.t AND w.xmin = u.x AND $1::text IS NOT NULL RETURNING 1)
+		WHERE w.ctid = u.t AND w.xmin = u.x AND (w.id = u.i) IS TRUE AND $1::text IS NOT NULL RETURNING 1)
 		SELECT CASE WHEN count(*) = cardinality($9::tid[]) THEN 0
 			ELSE ('` + rowChangedMsg + `: ' || count(*) || ' of ' || cardinality($9::tid[]))::int END FROM w`
 
@@ -340,8 +344,8 @@ const (
 	// One server: the row versions read ($2, $4; see sqlUpdateState). By
 	// key, the generic plan read every id of the service through the
 	// expiry index.
-	sqlExtendWindowTIDs = `WITH w AS (UPDATE window_ids AS w SET expires_at = $3 FROM unnest($2::tid[], $4::xid[]) AS u(t, x)
-		WHERE w.ctid = u.t AND w.xmin = u.x AND $1::text IS NOT NULL RETURNING 1)
+	sqlExtendWindowTIDs = `WITH w AS (UPDATE window_ids AS w SET expires_at = $3 FROM unnest($2::tid[], $4::xid[], $5::bytea[]) AS u(t, x, i)
+		WHERE w.ctid = u.t AND w.xmin = u.x AND (w.id = u.i) IS TRUE AND $1::text IS NOT NULL RETURNING 1)
 		SELECT CASE WHEN count(*) = cardinality($2::tid[]) THEN 0
 			ELSE ('` + rowChangedMsg + `: ' || count(*) || ' of ' || cardinality($2::tid[]))::int END FROM w`
 
@@ -398,7 +402,11 @@ func (t windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids 
 	if len(found) > 0 {
 		slices.SortFunc(found, func(a, b int) int { return bytes.Compare(ids.entities[a], ids.entities[b]) }) // see queueChanged
 		tids, xmins := ids.versions(found)
-		rt2.Queue(sqlExtendWindowTIDs, service, tids, exp, xmins)
+		keys := make(byteaArray, len(found))
+		for k, i := range found {
+			keys[k] = ids.entities[i]
+		}
+		rt2.Queue(sqlExtendWindowTIDs, service, tids, exp, xmins, keys)
 	}
 }
 
@@ -412,7 +420,7 @@ const (
 	sqlUpdateVersion = `WITH w AS (UPDATE versions AS v SET version = u.n, digest = u.d, updated_at = $8,
 			src_topic = $2, src_partition = $3, src_offset = u.o
 		FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[], $9::tid[], $10::xid[]) AS u(e, n, d, o, t, x)
-		WHERE v.ctid = u.t AND v.xmin = u.x AND $1::text IS NOT NULL RETURNING 1)
+		WHERE v.ctid = u.t AND v.xmin = u.x AND (v.entity = u.e) IS TRUE AND $1::text IS NOT NULL RETURNING 1)
 		SELECT CASE WHEN count(*) = cardinality($9::tid[]) THEN 0
 			ELSE ('` + rowChangedMsg + `: ' || count(*) || ' of ' || cardinality($9::tid[]))::int END FROM w`
 
