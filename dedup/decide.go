@@ -180,7 +180,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 		return row.Scan(&epoch, &next)
 	})
 	if len(entities) > 0 {
-		table.queueLock(rt1, b.Service, ids)
+		table.queueRead(rt1, b.Service, ids)
 	}
 	if b.Now.IsZero() {
 		rt1.Queue(sqlClock).QueryRow(func(row pgx.Row) error { return row.Scan(&now) })

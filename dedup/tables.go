@@ -51,10 +51,10 @@ import (
 
 // tableTxn is one mode's table in one Decide transaction.
 type tableTxn interface {
-	// queueLock queues the statements that read ids's entities' stored
+	// queueRead queues the statements that read ids's entities' stored
 	// state (of those that exist) into ids, locking them in the shape
 	// ids.claim and ids.lock say.
-	queueLock(rt1 *pgx.Batch, service string, ids *identities)
+	queueRead(rt1 *pgx.Batch, service string, ids *identities)
 	// queueWrites queues the statements writing ids's changed identities.
 	queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time)
 }
@@ -70,8 +70,8 @@ func newTableTxn(r Rule) tableTxn {
 }
 
 // identities are the distinct identities of a batch, in the order first
-// seen (each locking statement orders them by key), with their state as
-// the batch goes.
+// seen (each statement that locks or writes them orders them by key), with
+// their state as the batch goes.
 type identities struct {
 	rule Rule
 	// claim: the identities are locked by a claim (Citus's shape): every
@@ -81,10 +81,10 @@ type identities struct {
 	lock     bool
 	entities [][]byte
 	index    map[string]int32 // entity -> index in entities
-	// state is each identity's state: as the lock read it, then as each of
-	// its records leaves it.
+	// state is each identity's state: as the read found it, then as each
+	// of its records leaves it.
 	state []Stored
-	// found: the lock found a row (rewritten; the others are inserted).
+	// found: the read found a row (rewritten; the others are inserted).
 	found []bool
 	// tids and xmins: one server, where the read found each row version
 	// (its ctid) and the transaction that wrote it. The rewrite goes
@@ -194,13 +194,12 @@ func (ids *identities) versions(is []int) (tidArray, xidArray) {
 	return tids, xmins
 }
 
+// rowChangedMsg starts the error of a rewrite that found a row changed.
 // Each rewrite by row version ends with a check: a row changed since it
 // was read (not rewritten) fails the statement, so that the server rolls
 // the transaction back (the COMMIT queued after it in the same round trip
 // is skipped: a check in the client would come too late); isRace takes the
 // error for a lost race. The cast of a non-constant text fails only then.
-
-// rowChangedMsg starts the error of a rewrite that found a row changed.
 const rowChangedMsg = "dam: a row changed since it was read"
 
 // columns returns, for the identities at is, the entity, the digest of the
@@ -276,11 +275,11 @@ const (
 	sqlReadStateRefresh = `SELECT entity, digest, updated_at FROM state WHERE service = $1 AND entity = ANY($2::bytea[])`
 )
 
-// lastSeenTxn is table state. With refresh, the lock also reads when each
+// lastSeenTxn is table state. With refresh, the read also takes when each
 // identity was last forwarded.
 type lastSeenTxn struct{ refresh bool }
 
-func (t lastSeenTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
+func (t lastSeenTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 	var sql string
 	switch {
 	case ids.claim:
@@ -359,7 +358,7 @@ const (
 // windowTxn is table window_ids.
 type windowTxn struct{ window time.Duration }
 
-func (t windowTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
+func (t windowTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 	sql := pick(ids.lock, sqlLockWindow, sqlReadWindowRows)
 	if ids.claim {
 		rt1.Queue(sqlClaimWindow, service, byteaArray(ids.entities))
@@ -443,7 +442,7 @@ const (
 // versionTxn is table versions.
 type versionTxn struct{}
 
-func (versionTxn) queueLock(rt1 *pgx.Batch, service string, ids *identities) {
+func (versionTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 	sql := pick(ids.lock, sqlLockVersion, sqlReadVersionRows)
 	if ids.claim {
 		rt1.Queue(sqlClaimVersion, service, byteaArray(ids.entities))
