@@ -28,10 +28,15 @@ type Batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// sqlCheck is Check's compare-and-set. (updated_at = EXCLUDED.updated_at,
-// not now(): Citus allows only immutable functions in DO UPDATE SET.)
-const sqlCheck = `INSERT INTO state AS s (service, entity, digest, updated_at) VALUES ($1, $2, $3, now())
-		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = EXCLUDED.updated_at,
+// sqlCheck is Check's compare-and-set. The time it writes is the clock
+// when the statement runs (not now(), its transaction's start: an item of
+// a batch that waited behind another's row lock wrote a time earlier than
+// a decide's forward in between, and a refresh_after route then forwarded
+// a duplicate too soon), and never earlier than the time stored, as a
+// decide's never is. (EXCLUDED.updated_at and GREATEST, not a function:
+// Citus allows only immutable functions in DO UPDATE SET.)
+const sqlCheck = `INSERT INTO state AS s (service, entity, digest, updated_at) VALUES ($1, $2, $3, clock_timestamp())
+		ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = GREATEST(s.updated_at, EXCLUDED.updated_at),
 			src_topic = NULL, src_partition = NULL, src_offset = NULL
 		WHERE s.digest IS DISTINCT FROM EXCLUDED.digest
 		RETURNING 1`
