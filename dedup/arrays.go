@@ -25,6 +25,13 @@ type (
 	xidArray   []uint32
 )
 
+// RegisterTypes makes conn able to send the parameters of the store's
+// statements (the arrays a decide sends, encoded by dam in one pass), in
+// every query exec mode. The store does it on each connection it uses; a
+// tool that replays the store's statements and arguments on a connection
+// of its own calls it first.
+func RegisterTypes(conn *pgx.Conn) { registerArrays(conn) }
+
 // registerArrays installs the fast encoders of the bulk array parameters
 // on conn's type map (decoding is unchanged), once.
 func registerArrays(conn *pgx.Conn) {

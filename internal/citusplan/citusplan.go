@@ -165,6 +165,7 @@ func Capture(ctx context.Context, dsn string, o Options) ([]Statement, error) {
 		return nil, err
 	}
 	defer conn.Close(context.Background())
+	dedup.RegisterTypes(conn) // the recorded arguments are the store's
 	for i := range sts {
 		st := &sts[i]
 		st.Name = name(st.SQL)
@@ -307,6 +308,8 @@ var names = []struct{ has, name string }{
 	{"WHERE false", "claim (lock by writing)"},
 	{"FROM progress WHERE grp = $1 AND topic = $2 AND part = $3 FOR UPDATE", "progress lock"},
 	{"FOR SHARE", "settled progress"},
+	{"ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = GREATEST(s.updated_at, EXCLUDED.updated_at), src_topic = NULL", "compare-and-set"},
+	{"set_config('enable_seqscan'", "planner settings"},
 	{"clock_timestamp()", "clock"},
 	{"INSERT INTO decision_log", "decision log"},
 	{"UPDATE progress SET next_offset = $4", "advance P"},
@@ -322,7 +325,6 @@ var names = []struct{ has, name string }{
 	{"SELECT logged_at, offsets", "last forward of an entity"},
 	{"FROM decision_log", "read log"},
 	{"SET expires_at = $3", "extend windows"},
-	{"ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = EXCLUDED.updated_at, src_topic = NULL", "compare-and-set"},
 	{"unnest($4::bytea[]", "write (upsert)"},
 	{"UNION ALL SELECT 1, digest, forwarded_at", "state get"},
 	{"GROUP BY service", "stats"},
