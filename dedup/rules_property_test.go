@@ -173,7 +173,8 @@ func (h *history) decide() {
 }
 
 // checkBatch decides one batch of items with CheckBatch, in a transaction
-// of the test's own whose clock (now()) the model takes.
+// of the test's own: the model decides at its start (now()), and takes the
+// time each forward stored, checked to lie between then and the end.
 func (h *history) checkBatch() {
 	ctx := context.Background()
 	var recs []dedup.Record
@@ -201,8 +202,45 @@ func (h *history) checkBatch() {
 	}
 	h.log = append(h.log, fmt.Sprintf("  check at %s: %s", now.Format(time.RFC3339Nano), showRecords(recs, dedup.Rule{})))
 	// Checks decide as last-seen without refresh, and keep no source.
+	prev := map[string]time.Time{}
+	for _, r := range recs {
+		if _, ok := prev[string(r.Entity)]; !ok {
+			prev[string(r.Entity)] = h.model[string(r.Entity)].Forwarded
+		}
+	}
 	want := h.want(dedup.Rule{}, recs, now, func(int) int64 { return -1 })
 	h.compare(got, want)
+	// A check stores the clock when its statement runs, never earlier than
+	// the time stored: between the transaction's start and now, or the
+	// time stored before if later. The model takes what was stored, if so.
+	var end time.Time
+	if err := h.s.Pool().QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&end); err != nil {
+		h.t.Fatal(err)
+	}
+	for i, r := range recs {
+		e := string(r.Entity)
+		if !want[i].Forwards() {
+			continue
+		}
+		var at time.Time
+		if err := h.s.Pool().QueryRow(ctx, `SELECT updated_at FROM state WHERE service = $1 AND entity = $2`, h.name, r.Entity).Scan(&at); err != nil {
+			h.t.Fatal(err)
+		}
+		lo, hi := now, end
+		if p := prev[e]; p.After(lo) {
+			lo = p
+		}
+		if p := prev[e]; p.After(hi) {
+			hi = p
+		}
+		if at.Before(lo) || at.After(hi) {
+			h.t.Errorf("history %s, identity %q: a check stored the time %s, outside [%s, %s]", h.name, e,
+				at.Format(time.RFC3339Nano), lo.Format(time.RFC3339Nano), hi.Format(time.RFC3339Nano))
+		}
+		st := h.model[e]
+		st.Forwarded = at
+		h.model[e] = st
+	}
 }
 
 func (h *history) compare(got, want []dedup.Decision) {
