@@ -27,9 +27,9 @@ const (
 	// of thousands of identities, a prepared statement's first executions
 	// (planned for their parameters) chose a sequential scan, for the lock
 	// and, in a hash join, for the rewrite by tid: tens of milliseconds
-	// each on 100,000 rows, more on a bigger table. The rewrite's only
-	// condition is the tid (tables.go), so without a sequential scan its
-	// only plan is a TID scan per row. (Forcing generic plans as well was
+	// each on 100,000 rows, more on a bigger table. The tid is the only
+	// condition of the rewrite that the planner can use (tables.go), so
+	// without a sequential scan its only plan is a TID scan per row. (Forcing generic plans as well was
 	// measured and rejected: a generic plan made while the table was still
 	// empty read every row of the service for each batch.)
 	sqlPlans = `SELECT set_config('enable_seqscan', 'off', true)`
@@ -78,9 +78,9 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 		return out, err
 	}
 	// The distinct identities with at least one valid record: only they
-	// are read (an invalid record changes nothing). Each valid
-	// record's slot is its identity's index, found once here: deciding a
-	// record then indexes arrays, not a map.
+	// are read (an invalid record changes nothing). Each valid record's
+	// slot is its identity's index, found once here: deciding a record
+	// then indexes arrays, not a map.
 	entities, index, slots := identify(b.Records)
 
 	// A lost race (a new identity created, or a row read changed, by a
@@ -138,12 +138,11 @@ func identify(recs []Record) (entities [][]byte, index map[string]int32, slots [
 
 // maxDecideAttempts, plus one per identity of the batch, bounds the runs
 // of one Decide that lose a race. Each run after the first locks what it
-// reads, and a run that lost a new identity finds it existing and locks
-// it the next time, but another
-// new identity of the same batch can be lost in the next run: with
-// deciders of several partitions on overlapping identities (entity not the
-// partition key), five runs were seen to lose in a row, and the error
-// would have halted the partition.
+// reads, and a run that lost a new identity finds it existing and locks it
+// the next time, but another new identity of the same batch can be lost
+// in the next run: with deciders of several partitions on overlapping
+// identities (entity not the partition key), five runs were seen to lose
+// in a row, and the error would have halted the partition.
 var maxDecideAttempts = 5
 
 // decideOnce is one transaction of Decide. raced reports a rollback caused
