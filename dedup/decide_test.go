@@ -470,17 +470,6 @@ func testDecideNewIdentityRace(t *testing.T, s *dedup.Store, exhaust bool) {
 	if err := other.QueryRow(ctx, `SELECT pg_current_xact_id()::xid::text`).Scan(&xid); err != nil {
 		t.Fatal(err)
 	}
-	waits := func() bool {
-		if distributed(t, s) {
-			return waiting(ctx, t, s)
-		}
-		var w bool
-		if err := s.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
-			WHERE NOT granted AND locktype = 'transactionid' AND transactionid::text = $1)`, xid).Scan(&w); err != nil {
-			t.Fatal(err)
-		}
-		return w
-	}
 
 	type result struct {
 		got []dedup.Decision
@@ -496,7 +485,7 @@ func testDecideNewIdentityRace(t *testing.T, s *dedup.Store, exhaust bool) {
 	// Wait until Decide's insert waits on the open transaction.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if waits() {
+		if waitsFor(ctx, t, s, xid) {
 			break
 		}
 		select {

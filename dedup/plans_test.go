@@ -39,14 +39,14 @@ var keysInIndex = regexp.MustCompile(`"Index Cond": "[^"]*= ANY`)
 
 func testDecidePlans(t *testing.T, rule dedup.Rule) {
 	ctx := context.Background()
-	if distributed(t, newStore(t)) {
-		t.Skip("the one-server statements' plans; on Citus the decide claims, and internal/citusplan checks its plans")
-	}
 	s, err := dedup.Open(ctx, pgtest.DSN(t), dedup.Config{MaxConns: 1}) // one session: its statements
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	if distributed(t, s) {
+		t.Skip("the one-server statements' plans; on Citus the decide claims, and internal/citusplan checks its plans")
+	}
 	p, epoch := partition(t, s, "in")
 	st := newBenchStream()
 	next := int64(0)
