@@ -471,33 +471,10 @@ func testDecideNewIdentityRace(t *testing.T, s *dedup.Store, exhaust bool) {
 		t.Fatal(err)
 	}
 
-	type result struct {
-		got []dedup.Decision
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 0, End: 1,
-			Records: []dedup.Record{{Offset: 0, Entity: []byte("new"), Digest: d}}}
-		got, err := s.Decide(ctx, b, nil)
-		done <- result{got, err}
-	}()
-	// Wait until Decide's insert waits on the open transaction.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if waitsFor(ctx, t, s, xid) {
-			break
-		}
-		select {
-		case r := <-done:
-			t.Fatalf("Decide returned %v, %v without waiting for the concurrent insert", r.got, r.err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Decide never waited for the concurrent insert")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 0, End: 1,
+		Records: []dedup.Record{{Offset: 0, Entity: []byte("new"), Digest: d}}}
+	// Decide's insert waits on the open transaction.
+	done := decideBlocked(ctx, t, s, b, xid, "the concurrent insert")
 	if err := other.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -511,9 +488,9 @@ func testDecideNewIdentityRace(t *testing.T, s *dedup.Store, exhaust bool) {
 	if r.err != nil || !slices.Equal(r.got, []dedup.Decision{D}) {
 		t.Fatalf("Decide after losing the race: %v, %v; want [Duplicate]", r.got, r.err)
 	}
-	b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 1, End: 3, Records: []dedup.Record{
+	next := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 1, End: 3, Records: []dedup.Record{
 		{Offset: 1, Entity: []byte("new"), Digest: d}, {Offset: 2, Entity: []byte("new"), Digest: digest("B")}}}
-	if got, err := s.Decide(ctx, b, nil); err != nil || !slices.Equal(got, []dedup.Decision{D, F}) {
+	if got, err := s.Decide(ctx, next, nil); err != nil || !slices.Equal(got, []dedup.Decision{D, F}) {
 		t.Fatalf("next batch: %v, %v", got, err)
 	}
 }

@@ -57,31 +57,11 @@ func TestDecideRowChangedAfterRead(t *testing.T) {
 				if err := other.QueryRow(ctx, `SELECT pg_current_xact_id()::xid::text`).Scan(&xid); err != nil {
 					t.Fatal(err)
 				}
-				type result struct {
-					got []dedup.Decision
-					err error
-				}
-				done := make(chan result, 1)
-				go func() {
-					batch := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Rule: c.rule, Start: 1, End: 2,
-						Records: []dedup.Record{{Offset: 1, Entity: []byte("e"), Digest: b, Version: 2}}}
-					got, err := s.Decide(ctx, batch, nil)
-					done <- result{got, err}
-				}()
+				batch := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Rule: c.rule, Start: 1, End: 2,
+					Records: []dedup.Record{{Offset: 1, Entity: []byte("e"), Digest: b, Version: 2}}}
 				// Decide reads the committed row and writes it, waiting for
 				// the open transaction (on Citus its claim waits).
-				deadline := time.Now().Add(10 * time.Second)
-				for !waitsFor(ctx, t, s, xid) {
-					select {
-					case r := <-done:
-						t.Fatalf("Decide returned %v, %v without waiting for the concurrent change", r.got, r.err)
-					default:
-					}
-					if time.Now().After(deadline) {
-						t.Fatal("Decide never waited for the concurrent change")
-					}
-					time.Sleep(5 * time.Millisecond)
-				}
+				done := decideBlocked(ctx, t, s, batch, xid, "the concurrent change")
 				if err := other.Commit(ctx); err != nil {
 					t.Fatal(err)
 				}
@@ -92,6 +72,37 @@ func TestDecideRowChangedAfterRead(t *testing.T) {
 			})
 		}
 	})
+}
+
+// decided is the outcome of a Decide run in the background.
+type decided struct {
+	got []dedup.Decision
+	err error
+}
+
+// decideBlocked starts Decide of b and returns once it waits for
+// transaction xid (what names the transaction in a failure), failing if
+// it returns first or never waits; its outcome arrives on the channel.
+func decideBlocked(ctx context.Context, t *testing.T, s *dedup.Store, b *dedup.Batch, xid, what string) <-chan decided {
+	t.Helper()
+	done := make(chan decided, 1)
+	go func() {
+		got, err := s.Decide(ctx, b, nil)
+		done <- decided{got, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !waitsFor(ctx, t, s, xid) {
+		select {
+		case r := <-done:
+			t.Fatalf("Decide returned %v, %v without waiting for %s", r.got, r.err, what)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Decide never waited for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return done
 }
 
 // waitsFor reports whether a session waits for transaction xid (on Citus:
