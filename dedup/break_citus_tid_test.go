@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
 )
 
 // TestBreakCitusRewriteByTidHitsOtherShards: tables distributed under a
@@ -24,24 +23,15 @@ import (
 // On plain PostgreSQL migration 005 does nothing and the test passes.
 func TestBreakCitusRewriteByTidHitsOtherShards(t *testing.T) {
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	execMigration(t, dsn, "005_citus.down.sql")
-	s, err := dedup.Open(ctx, dsn, dedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	p, epoch := partition(t, s, "tid")
 	const n = 64
 	var recs []rec
 	for i := range n {
 		recs = append(recs, rec{fmt.Sprint("e-", i), "A"})
 	}
-	decideAll(t, s, "svc", p, epoch, recs, n) // offsets [0, n): dam is running
-
-	// `dam migrate` distributes the tables under the running dam: every
-	// shard's rows are copied in, from the first tid of its first page.
-	execMigration(t, dsn, "005_citus.up.sql")
+	// dam decides offsets [0, n), then `dam migrate` distributes the tables
+	// under it: every shard's rows are copied in, from the first tid of its
+	// first page.
+	_, s, p, epoch := distributedUnderRunningDam(t, "tid", recs)
 
 	// The next batch: one existing identity changes.
 	b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: n, End: n + 1,

@@ -93,6 +93,26 @@ func execMigration(t *testing.T, dsn, file string) {
 	}
 }
 
+// distributedUnderRunningDam opens a store on dam's tables while they are
+// local (migration 005 undone, or run before citus was there), decides recs
+// on a new partition named name (dam is running), then runs migration 005
+// under it, as `dam migrate` would: the store still believes the tables
+// local. On plain PostgreSQL both migrations do nothing.
+func distributedUnderRunningDam(t *testing.T, name string, recs []rec) (dsn string, s *dedup.Store, p dedup.Partition, epoch int64) {
+	t.Helper()
+	dsn = pgtest.DSN(t)
+	execMigration(t, dsn, "005_citus.down.sql")
+	s, err := dedup.Open(context.Background(), dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	p, epoch = partition(t, s, name)
+	decideAll(t, s, "svc", p, epoch, recs, len(recs)) // offsets [0, len(recs))
+	execMigration(t, dsn, "005_citus.up.sql")
+	return dsn, s, p, epoch
+}
+
 // waitForLockWait waits until some session waits for a lock: on Citus on a
 // worker (citus_lock_waits), on one server in pg_locks.
 func waitForLockWait(ctx context.Context, t *testing.T, pool interface {
@@ -143,21 +163,9 @@ func waitForLockWait(ctx context.Context, t *testing.T, pool interface {
 // that one server decides through.
 func TestCitusTablesDistributedUnderARunningDamRaceNewIdentity(t *testing.T) {
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	// dam runs on the tables while they are local (migration 005 not yet
-	// run on this database, or run before citus was there).
-	execMigration(t, dsn, "005_citus.down.sql")
-	s, err := dedup.Open(ctx, dsn, dedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	p, epoch := partition(t, s, "race")
-	decideAll(t, s, "svc", p, epoch, []rec{{"a", "A"}}, 1) // offset 0: dam is running
-
-	// The operator runs `dam migrate`: migration 005 distributes the tables
-	// under the running dam.
-	execMigration(t, dsn, "005_citus.up.sql")
+	// dam decides offset 0 on local tables, then the operator runs `dam
+	// migrate`: migration 005 distributes the tables under the running dam.
+	dsn, s, p, epoch := distributedUnderRunningDam(t, "race", []rec{{"a", "A"}})
 
 	// Another decider (another partition of the same service) is creating
 	// identity "x": its transaction has inserted the row, not yet
