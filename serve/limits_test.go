@@ -96,7 +96,11 @@ func send(h *harness, body string) <-chan answer {
 func TestBodyRoom(t *testing.T) {
 	t.Parallel()
 	const unit = 64 << 10
-	const timeout = time.Second
+	// The timeline is in fractions of the timeout: what a request that
+	// waited would take differs from an answer at once by a good part of
+	// it, even on a loaded machine (a check under -race beside the other
+	// packages' tests took 651 ms with a 1 s timeout).
+	const timeout = 2 * time.Second
 	h := newServer(t, func(c *config.Config) {
 		c.Serve.MaxBodyBytes = unit
 		c.Serve.MaxInFlightBytes = unit
@@ -104,28 +108,30 @@ func TestBodyRoom(t *testing.T) {
 	})
 	addr := h.run()
 	start := time.Now()
-	at := func(d time.Duration) { time.Sleep(time.Until(start.Add(d))) }
+	of := func(f float64) time.Duration { return time.Duration(f * float64(timeout)) }
+	at := func(f float64) { time.Sleep(time.Until(start.Add(of(f)))) }
 
-	// Two slow clients hold half of the room each, over [0, 1s] and
-	// [0.5s, 1.5s]: from 0.2s to 1.2s a body of the room's whole size
-	// never fits.
+	// Two slow clients hold half of the room each, over [0, T] and
+	// [T/2, 1.5T] (T = the timeout): from 0.2T to 1.2T a body of the room's
+	// whole size never fits.
 	h1 := rawRequest(t, addr, unit/2, `{"service":"a",`)
-	at(200 * time.Millisecond)
+	at(0.2)
 	whole := send(h, checkOfSize("whole", unit))
-	at(300 * time.Millisecond)
+	at(0.3)
 	small := send(h, `{"service":"a","entity":"small","payload":1}`) // fits beside one holder: at once
-	at(500 * time.Millisecond)
+	at(0.5)
 	h2 := rawRequest(t, addr, unit/2, `{"service":"a",`)
-	at(1300 * time.Millisecond)
-	waits := send(h, checkOfSize("waits", unit)) // gets room when h2 gives it back at 1.5s
+	at(1.3)
+	waits := send(h, checkOfSize("waits", unit)) // gets room when h2 gives it back at 1.5T
 
-	// (Sent at 0.3s: had it waited for a holder, it would end after 1s.)
-	if a := <-small; a.code != 200 || a.took > 650*time.Millisecond {
-		t.Errorf("a small check beside the holders: %v", a)
+	// (Sent at 0.3T: had it waited for a holder, it would end after T,
+	// taking 0.7T; behind the whole body, after 1.2T.)
+	if a := <-small; a.code != 200 || a.took > of(0.5) {
+		t.Errorf("a small check beside the holders: %v; want 200 well before %s", a, of(0.5))
 	}
 	if a := <-whole; a.code != 503 || a.retryAfter == "" || !strings.Contains(a.body, `"overloaded"`) ||
-		!strings.Contains(a.body, "serve.max_in_flight_bytes") || a.took < 800*time.Millisecond {
-		t.Errorf("a body that found no room within serve.request_timeout: %v; want 503 overloaded with Retry-After after about 1s", a)
+		!strings.Contains(a.body, "serve.max_in_flight_bytes") || a.took < of(0.8) {
+		t.Errorf("a body that found no room within serve.request_timeout: %v; want 503 overloaded with Retry-After after about %s", a, timeout)
 	}
 	for i, c := range []net.Conn{h1, h2} {
 		code, _, body, err := rawResponse(c, 3*time.Second)
@@ -133,7 +139,7 @@ func TestBodyRoom(t *testing.T) {
 			t.Errorf("slow body %d: %d %s %v; want 408 body_timeout", i+1, code, body, err)
 		}
 	}
-	if a := <-waits; a.code != 200 || a.took < 100*time.Millisecond {
+	if a := <-waits; a.code != 200 || a.took < of(0.1) {
 		t.Errorf("a body that waited for room: %v; want 200 once the room was given back", a)
 	}
 
