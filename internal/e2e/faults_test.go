@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -26,8 +27,10 @@ import (
 // network failure does) or delay every reply of the broker.
 type faultNet struct {
 	latency atomic.Int64 // nanoseconds before each write of the broker
-	mu      sync.Mutex
-	conns   map[*faultConn]struct{}
+	// ref watches the group requests and replies that pass (referee_test.go).
+	ref   *groupReferee
+	mu    sync.Mutex
+	conns map[*faultConn]struct{}
 }
 
 func newFaultNet() *faultNet { return &faultNet{conns: map[*faultConn]struct{}{}} }
@@ -70,6 +73,26 @@ func (l *faultListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	fc := &faultConn{Conn: c, f: l.f}
+	if ref := l.f.ref; ref != nil {
+		// Requests: the whole frame of JoinGroup, Heartbeat and
+		// SyncGroup (keys 11, 12, 14). Replies: the correlation ID.
+		fc.requests = &frameScanner{headLen: 2, keep: func(head []byte) bool {
+			if len(head) < 2 {
+				return false
+			}
+			k := int16(binary.BigEndian.Uint16(head))
+			return k == 11 || k == 12 || k == 14
+		}, onFrame: func(frame []byte) {
+			if len(frame) >= 8 {
+				ref.request(fc, frame)
+			}
+		}}
+		fc.replies = &frameScanner{headLen: 4, keep: func([]byte) bool { return false }, onFrame: func(head []byte) {
+			if len(head) == 4 {
+				ref.response(fc, int32(binary.BigEndian.Uint32(head)))
+			}
+		}}
+	}
 	l.f.mu.Lock()
 	l.f.conns[fc] = struct{}{}
 	l.f.mu.Unlock()
@@ -78,20 +101,36 @@ func (l *faultListener) Accept() (net.Conn, error) {
 
 type faultConn struct {
 	net.Conn
-	f *faultNet
+	f                 *faultNet
+	requests, replies *frameScanner // nil without a referee
+}
+
+func (c *faultConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.requests != nil && n > 0 {
+		c.requests.feed(b[:n])
+	}
+	return n, err
 }
 
 func (c *faultConn) Write(b []byte) (int, error) {
 	if d := c.f.latency.Load(); d > 0 {
 		time.Sleep(time.Duration(d))
 	}
-	return c.Conn.Write(b)
+	n, err := c.Conn.Write(b)
+	if c.replies != nil && n > 0 {
+		c.replies.feed(b[:n])
+	}
+	return n, err
 }
 
 func (c *faultConn) Close() error {
 	c.f.mu.Lock()
 	delete(c.f.conns, c)
 	c.f.mu.Unlock()
+	if c.f.ref != nil {
+		c.f.ref.closed(c)
+	}
 	return c.Conn.Close()
 }
 

@@ -127,6 +127,7 @@ type broker struct {
 	topics  []string
 	// faults sits between the broker and its clients (see faultNet).
 	faults *faultNet
+	opts   []kfake.Opt // more options of kfake.NewCluster
 	mu     sync.Mutex
 	c      *kfake.Cluster
 }
@@ -135,13 +136,29 @@ type broker struct {
 // extra ones.
 func newBroker(t *testing.T, persistent bool, extra ...string) *broker {
 	t.Helper()
+	return newBrokerOpts(t, persistent, nil, extra...)
+}
+
+// newBrokerOpts is newBroker with more kfake options.
+func newBrokerOpts(t *testing.T, persistent bool, opts []kfake.Opt, extra ...string) *broker {
+	t.Helper()
 	b := &broker{t: t, port: freePort(t), topics: append([]string{inTopic, outTopic, deadTopic}, extra...),
-		faults: newFaultNet()}
+		faults: newFaultNet(), opts: opts}
 	if persistent {
 		b.dataDir = filepath.Join(t.TempDir(), "kfake")
 	}
+	// kfake's classic groups, refereed as Kafka's coordinator would
+	// (referee_test.go): a rebalance storm livelocks without.
+	if !refereeOff {
+		b.faults.ref = newGroupReferee(b)
+	}
 	b.start()
-	t.Cleanup(b.stop)
+	t.Cleanup(func() {
+		if b.faults.ref != nil {
+			b.faults.ref.close()
+		}
+		b.stop()
+	})
 	return b
 }
 
@@ -150,6 +167,7 @@ func (b *broker) addr() string { return fmt.Sprintf("127.0.0.1:%d", b.port) }
 func (b *broker) start() {
 	b.t.Helper()
 	opts := []kfake.Opt{kfake.Ports(b.port), kfake.SeedTopics(partitions, b.topics...), kfake.ListenFn(b.faults.listen)}
+	opts = append(opts, b.opts...)
 	if b.dataDir != "" {
 		opts = append(opts, kfake.DataDir(b.dataDir), kfake.SyncWrites())
 	}
