@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -313,7 +314,7 @@ func (r *groupReferee) act(group string, a refAction) {
 	case "heartbeat":
 		req := kmsg.NewPtrHeartbeatRequest()
 		req.Group, req.MemberID, req.Generation = group, a.member, a.gen
-		_, err = req.RequestWith(ctx, r.cl)
+		_, err = req.RequestWith(ctx, r.cl) // its error (REBALANCE_IN_PROGRESS) says nothing
 	default:
 		req := kmsg.NewPtrLeaveGroupRequest()
 		req.Group = group
@@ -321,7 +322,17 @@ func (r *groupReferee) act(group string, a refAction) {
 		lm.MemberID = a.member
 		req.Members = append(req.Members, lm)
 		req.MemberID = a.member // versions 0-2
-		_, err = req.RequestWith(ctx, r.cl)
+		var resp *kmsg.LeaveGroupResponse
+		if resp, err = req.RequestWith(ctx, r.cl); err == nil {
+			code := resp.ErrorCode
+			if len(resp.Members) > 0 {
+				code = resp.Members[0].ErrorCode
+			}
+			err = kerr.ErrorForCode(code) // UNKNOWN_MEMBER_ID: gone meanwhile
+		}
+		if err == nil {
+			r.b.t.Logf("kfake group referee: %s %s (group %s, generation %d)", a.what, a.member, group, a.gen)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -330,6 +341,11 @@ func (r *groupReferee) act(group string, a refAction) {
 		return
 	}
 	r.acted[a.what]++
+	if m := r.members[a.member]; m != nil && a.what == "heartbeat" {
+		// kfake's session timer restarted: (3) counts from here, so
+		// that it stays behind kfake's own expiry.
+		m.lastHeard = time.Now()
+	}
 }
 
 // frameScanner splits one direction of a Kafka connection into frames (a
