@@ -1,9 +1,11 @@
 package dedup
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -109,16 +111,20 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 	return out, err
 }
 
-// identify returns the distinct entities of the valid records, in the
-// order first seen, the index of each in them, and each record's slot:
-// the index of its entity (-1: invalid). They are not sorted here: each
-// statement that locks them orders them itself (ORDER BY), or its
-// arguments are sorted (queueChanged), which is what keeps concurrent
-// batches from deadlocking.
+// identify returns the distinct entities of the valid records in key
+// order (bytes.Compare, which is bytea's order in PostgreSQL), the index
+// of each in them, and each record's slot: the index of its entity (-1:
+// invalid). Key order is the order in which every statement locks or
+// writes them, so that concurrent batches wait for each other instead of
+// deadlocking; sent sorted, the arrays need no sort on the server either
+// (PostgreSQL's sort of an = ANY array returns at once on presorted
+// input, where sorting a batch's keys was 4% of its CPU per decided
+// record), and the rewrites need none in dam.
 func identify(recs []Record) (entities [][]byte, index map[string]int32, slots []int32) {
 	index = make(map[string]int32, len(recs))
 	entities = make([][]byte, 0, len(recs))
 	slots = make([]int32, len(recs))
+	sorted := true
 	for k := range recs {
 		r := &recs[k]
 		if r.Invalid {
@@ -129,11 +135,38 @@ func identify(recs []Record) (entities [][]byte, index map[string]int32, slots [
 		if !ok {
 			j = int32(len(entities))
 			index[string(r.Entity)] = j
+			if sorted && j > 0 && bytes.Compare(entities[j-1], r.Entity) > 0 {
+				sorted = false
+			}
 			entities = append(entities, nonNil(r.Entity))
 		}
 		slots[k] = j
 	}
-	return entities, index, slots
+	if sorted {
+		return entities, index, slots
+	}
+	// order[n] is the first-seen index of the n-th entity in key order;
+	// rank its inverse. The map is rewritten in place (its keys stay).
+	order := make([]int32, len(entities))
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortFunc(order, func(a, b int32) int { return bytes.Compare(entities[a], entities[b]) })
+	rank := make([]int32, len(entities))
+	byKey := make([][]byte, len(entities))
+	for n, i := range order {
+		rank[i] = int32(n)
+		byKey[n] = entities[i]
+	}
+	for e, i := range index {
+		index[e] = rank[i]
+	}
+	for k, j := range slots {
+		if j >= 0 {
+			slots[k] = rank[j]
+		}
+	}
+	return byKey, index, slots
 }
 
 // maxDecideAttempts, plus one per identity of the batch, bounds the runs

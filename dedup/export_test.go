@@ -51,3 +51,7 @@ const (
 	SQLUpdateWindow = sqlUpdateWindow
 	SQLExtendWindow = sqlExtendWindowTIDs
 )
+
+// Identify is identify: a batch's distinct entities in key order, the
+// index of each, and each record's slot.
+func Identify(recs []Record) ([][]byte, map[string]int32, []int32) { return identify(recs) }

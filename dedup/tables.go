@@ -1,8 +1,6 @@
 package dedup
 
 import (
-	"bytes"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -173,9 +171,9 @@ func (ids *identities) queueChanged(rt2 *pgx.Batch, update, upsert, insert strin
 	case ids.claim:
 		rt2.Queue(upsert, args(found)...)
 	default:
-		// In key order, as every decider writes: concurrent rewrites of
-		// the same rows wait for each other instead of deadlocking.
-		slices.SortFunc(found, func(a, b int) int { return bytes.Compare(ids.entities[a], ids.entities[b]) })
+		// In key order (entities are: see identify), as every decider
+		// writes: concurrent rewrites of the same rows wait for each other
+		// instead of deadlocking.
 		tids, xmins := ids.versions(found)
 		rt2.Queue(update, append(args(found), tids, xmins)...)
 	}
@@ -399,7 +397,7 @@ func (t windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids 
 		rt2.Queue(sqlExtendWindow, service, ext, exp)
 	}
 	if len(found) > 0 {
-		slices.SortFunc(found, func(a, b int) int { return bytes.Compare(ids.entities[a], ids.entities[b]) }) // see queueChanged
+		// found is in key order: see queueChanged.
 		tids, xmins := ids.versions(found)
 		keys := make(byteaArray, len(found))
 		for k, i := range found {
