@@ -100,8 +100,9 @@ func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]
 	return deleted, nil
 }
 
-// The steps of ResetService walk the service's part of a table's primary
-// key in chunks (keyset pagination from the last identity deleted), each
+// The steps of ResetService walk the service's part of a table's
+// (service, identity) index in chunks (keyset pagination from the last
+// identity deleted; the predicate selects the index: see byService), each
 // chunk one statement: locked, deleted, committed. The verbs are the table,
 // its identity column and the comparison.
 //
@@ -109,7 +110,8 @@ func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]
 // decider holding one) in key order, the order in which a Decide locks
 // them too, then deleted.
 const sqlResetChunk = `WITH chunk AS (
-		SELECT %[2]s AS k FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 ORDER BY %[2]s LIMIT $3 FOR UPDATE),
+		SELECT %[2]s AS k FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 AND octet_length(%[2]s) >= 0
+		ORDER BY %[2]s LIMIT $3 FOR UPDATE),
 	gone AS (
 		DELETE FROM %[1]s s USING chunk c WHERE s.service = $1 AND s.%[2]s = c.k RETURNING 1)
 	SELECT (SELECT count(*) FROM gone), k FROM chunk ORDER BY k DESC LIMIT 1`
@@ -118,15 +120,17 @@ const sqlResetChunk = `WITH chunk AS (
 // over several shards: the chunk is read without locks, and the DELETE
 // removes the key range it spans, waiting for a row a decider holds. An
 // identity created in that range meanwhile goes too (as if decided before
-// the reset). Each shard deletes its rows walking its primary key in key
-// order, as a Decide locks them; a deadlock across shards is broken by
+// the reset). Each shard deletes its rows walking its (service, identity)
+// index in key order, as a Decide locks them; a deadlock across shards is broken by
 // Citus and the chunk runs again (see runChunk).
 const sqlResetChunkCitus = `WITH chunk AS (
-		SELECT %[2]s AS k FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 ORDER BY %[2]s LIMIT $3),
+		SELECT %[2]s AS k FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 AND octet_length(%[2]s) >= 0
+		ORDER BY %[2]s LIMIT $3),
 	last AS (
 		SELECT k FROM chunk ORDER BY k DESC LIMIT 1),
 	gone AS (
-		DELETE FROM %[1]s USING last WHERE service = $1 AND %[2]s %[3]s $2 AND %[2]s <= last.k RETURNING 1)
+		DELETE FROM %[1]s USING last WHERE service = $1 AND %[2]s %[3]s $2 AND %[2]s <= last.k
+			AND octet_length(%[2]s) >= 0 RETURNING 1)
 	SELECT (SELECT count(*) FROM gone), k FROM last`
 
 // identityTables are every mode's state tables and their identity columns.
@@ -212,7 +216,7 @@ const (
 
 // PruneState deletes the last-seen and version state of identities (of
 // service, or of every service when service is "") not forwarded for
-// olderThan, walking each table's primary key in batches of one short
+// olderThan, walking each table's (service, entity) index in batches of one short
 // statement each (default 10000 rows walked per batch), and returns how
 // many it deleted. The next record of a pruned identity is forwarded (in
 // version mode, even one older than what was forwarded before). An

@@ -1,6 +1,9 @@
 package dedup
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // SetDecideAttempts sets the base number of runs of a Decide that loses
 // races, for a test, and returns a function restoring it.
@@ -55,3 +58,31 @@ const (
 // Identify is identify: a batch's distinct entities in key order, the
 // index of each, and each record's slot.
 func Identify(recs []Record) ([][]byte, map[string]int32, []int32) { return identify(recs) }
+
+// ServiceWalk is one statement that walks one service's rows, with
+// arguments for a first chunk of service.
+type ServiceWalk struct {
+	Name string
+	SQL  string
+	Args []any
+}
+
+// ServiceWalks returns every statement that walks one service's rows
+// (Count, and the chunks of ResetService and PruneState in both shapes),
+// with arguments for a first chunk of service, for a test of their plans.
+func ServiceWalks(service string) []ServiceWalk {
+	w := []ServiceWalk{{"count", sqlCount, []any{service}}}
+	for _, t := range identityTables {
+		for shape, sql := range map[string]string{"": sqlResetChunk, " (citus)": sqlResetChunkCitus} {
+			w = append(w, ServiceWalk{"reset " + t.table + shape, fmt.Sprintf(sql, t.table, t.column, ">="), []any{service, []byte{}, 100}})
+		}
+	}
+	for _, table := range []string{"state", "versions"} {
+		for shape, sql := range map[string]string{"": sqlPruneChunk, " (citus)": sqlPruneChunkCitus} {
+			for step, cond := range map[string]string{"first": pruneFirstService, "next": pruneNextService} {
+				w = append(w, ServiceWalk{"prune " + table + " " + step + shape, fmt.Sprintf(sql, table, cond), []any{service, []byte{}, 100, 3600.0}})
+			}
+		}
+	}
+	return w
+}

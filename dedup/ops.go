@@ -112,11 +112,24 @@ func (s *Store) Reset(ctx context.Context, service string, entities ...[]byte) (
 	return s.ResetEntities(ctx, service, entities)
 }
 
+// What walks one service's identities (Count, ResetService, PruneState)
+// reads them through a second index of each table, (service, entity) or
+// (service, id), whose predicate is always true: migration 007 keys the
+// tables identity first, which is what a decide's read wants, and the
+// predicate, which these statements repeat and a decide's read does not,
+// keeps the planner from ever reading a batch's identities through the
+// service's part of that index instead of by key. (PostgreSQL uses a
+// partial index only for a query whose conditions imply its predicate.)
+const (
+	byService   = `octet_length(entity) >= 0`
+	byServiceID = `octet_length(id) >= 0`
+)
+
 // pruneBatch bounds each step of PruneState, so pruning never holds many
 // locks or one long transaction.
 const pruneBatch = 10000
 
-// The steps of PruneState walk a table's primary key in chunks (keyset
+// The steps of PruneState walk a table's (service, entity) index in chunks (keyset
 // pagination: one pass over the rows, whatever their age) and delete the
 // chunk's rows older than the cutoff. There is no index on updated_at: it
 // would cost every decided record an index insertion (no HOT update).
@@ -127,7 +140,7 @@ const pruneBatch = 10000
 // LOCKED): they are being written now, so they are not old.
 const (
 	sqlPruneChunk = `WITH chunk AS (
-			SELECT service, entity FROM %[1]s WHERE %[2]s ORDER BY service, entity LIMIT $3),
+			SELECT service, entity FROM %[1]s WHERE %[2]s AND ` + byService + ` ORDER BY service, entity LIMIT $3),
 		doomed AS (
 			SELECT s.service, s.entity FROM %[1]s s JOIN chunk c ON s.service = c.service AND s.entity = c.entity
 			WHERE s.updated_at < now() - make_interval(secs => $4) FOR UPDATE OF s SKIP LOCKED),
@@ -148,15 +161,15 @@ const (
 // it forwarded (updated_at rewritten) is kept, one it only read (a
 // duplicate) is still old and goes, as if pruned just after the Decide.
 // (Citus evaluates now() on the coordinator: one cutoff for every shard.)
-// Each shard deletes walking its primary key in key order, as a Decide
+// Each shard deletes walking its (service, entity) index in key order, as a Decide
 // locks; a deadlock across shards is broken by Citus and the chunk runs
 // again (see runChunk).
 const sqlPruneChunkCitus = `WITH chunk AS (
-		SELECT service, entity FROM %[1]s WHERE %[2]s ORDER BY service, entity LIMIT $3),
+		SELECT service, entity FROM %[1]s WHERE %[2]s AND ` + byService + ` ORDER BY service, entity LIMIT $3),
 	last AS (
 		SELECT service AS last_service, entity AS last_entity FROM chunk ORDER BY service DESC, entity DESC LIMIT 1),
 	gone AS (
-		DELETE FROM %[1]s USING last WHERE %[2]s AND (service, entity) <= (last_service, last_entity)
+		DELETE FROM %[1]s USING last WHERE %[2]s AND (service, entity) <= (last_service, last_entity) AND ` + byService + `
 			AND updated_at < now() - make_interval(secs => $4) RETURNING 1)
 	SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM chunk), last_service, last_entity FROM last`
 
@@ -299,14 +312,17 @@ func (s *Store) CleanupWindow(ctx context.Context, service string, batch int) (d
 	return deleted, true, err
 }
 
+const sqlCount = `SELECT (SELECT count(*) FROM state WHERE service = $1 AND digest IS NOT NULL AND ` + byService + `)
+	+ (SELECT count(*) FROM window_ids WHERE service = $1 AND ` + byServiceID + `)
+	+ (SELECT count(*) FROM versions WHERE service = $1 AND ` + byService + `)`
+
 // Count returns the number of identities of service with a stored state,
 // in every mode's table (window ids not yet deleted included). It reads
-// only that service's part of each primary key (on Citus, of every
-// shard's), unlike Stats, which reads whole tables.
+// only that service's part of each table's (service, identity) index
+// (on Citus, of every shard's), unlike Stats, which reads whole tables.
 func (s *Store) Count(ctx context.Context, service string) (int64, error) {
 	var n int64
-	err := s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM state WHERE service = $1 AND digest IS NOT NULL)
-		+ (SELECT count(*) FROM window_ids WHERE service = $1) + (SELECT count(*) FROM versions WHERE service = $1)`, service).Scan(&n)
+	err := s.pool.QueryRow(ctx, sqlCount, service).Scan(&n)
 	return n, classify("count", err)
 }
 

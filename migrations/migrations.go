@@ -6,22 +6,24 @@
 // Tables:
 //
 //   - state(service, entity, digest, updated_at, src_topic, src_partition,
-//     src_offset), primary key (service, entity): the digest last forwarded
+//     src_offset), primary key (entity, service): the digest last forwarded
 //     for each identity and the record it came from. digest is NULL only
 //     transiently, as a lock placeholder inside a Decide transaction.
-//     Indexed on (service, updated_at) for pruning.
+//     Indexed on (service, entity) for what walks one service (migration
+//     007: the key identity first, for a decide's reads).
 //   - progress(grp, topic, part, next_offset, epoch, delivered, topic_id),
 //     primary key (grp, topic, part): each input partition's next offset to
 //     decide (P), its fencing epoch, the committed offset last known to its
 //     owner (for a recovery without one in Kafka) and the input topic's id
 //     (to notice a topic recreated under the same name).
 //   - window_ids(service, id, expires_at, forwarded_at, digest, src_topic,
-//     src_partition, src_offset), primary key (service, id): window mode's
+//     src_partition, src_offset), primary key (id, service): window mode's
 //     message ids until they expire. Indexed on (service, expires_at) for
-//     the cleanup.
+//     the cleanup, and on (service, id).
 //   - versions(service, entity, version, digest, updated_at, src_topic,
-//     src_partition, src_offset), primary key (service, entity): version
-//     mode's highest version forwarded per identity.
+//     src_partition, src_offset), primary key (entity, service): version
+//     mode's highest version forwarded per identity. Indexed on (service,
+//     entity).
 //   - decision_log(grp, topic, part, first_offset, end_offset, offsets,
 //     decisions, entities, logged_at), primary key (grp, topic, part,
 //     first_offset): one row per decided batch with its forwarded and
