@@ -1,0 +1,166 @@
+package dedup_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/pgtest"
+)
+
+// The one-server walks of one service (ResetService, PruneState) on tables
+// keyed identity first (migration 007): each chunk is chosen through the
+// (service, identity) index, but the statement's second half (the DELETE
+// of ResetService's chunk, the locking join of PruneState's) joins the
+// chunk back to the table without the index's predicate, so the only
+// index that has the service first is unusable there; with the default
+// chunk sizes (5000, 10000) the planner hash-joins against a sequential
+// scan of the whole table, every service's rows, once per chunk.
+// Before migration 007 the same join read the service's part of the
+// primary key (service, entity).
+
+const (
+	walkRows  = 400000
+	walkSmall = 40000 // rows of service "small": every tenth
+)
+
+// populateWalk fills state and versions with walkRows rows of two
+// services, "big" and "small" (walkSmall rows), all two days old, and
+// analyzes them.
+func populateWalk(t *testing.T, ctx context.Context, dsn string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`INSERT INTO state (service, entity, digest, updated_at) SELECT CASE WHEN i % 10 = 0 THEN 'small' ELSE 'big' END,
+			int4send(i), '\x01', now() - interval '2 days' FROM generate_series(1, 400000) i`,
+		`INSERT INTO versions (service, entity, version, digest, updated_at) SELECT CASE WHEN i % 10 = 0 THEN 'small' ELSE 'big' END,
+			int4send(i), 1, '\x01', now() - interval '2 days' FROM generate_series(1, 400000) i`,
+		`VACUUM ANALYZE state`, `VACUUM ANALYZE versions`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// tableReads returns the rows sequential scans of table have read, once
+// its deleted-rows counter has reached del (the backends that deleted
+// have flushed their statistics).
+func tableReads(t *testing.T, ctx context.Context, dsn, table string, del int64) int64 {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seq, gone int64
+		err = conn.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0), n_tup_del FROM pg_stat_user_tables WHERE relid = $1::regclass`, table).Scan(&seq, &gone)
+		conn.Close(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gone >= del || time.Now().After(deadline) {
+			if gone < del {
+				t.Logf("%s: only %d deletions counted of %d", table, gone, del)
+			}
+			return seq
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// chunkPlan returns the plan of the first chunk of walk name of service
+// "small" with limit rows per chunk, for the failure message.
+func chunkPlan(t *testing.T, ctx context.Context, s *dedup.Store, name string, limit int) string {
+	for _, w := range dedup.ServiceWalks("small") {
+		if w.Name != name {
+			continue
+		}
+		args := append([]any(nil), w.Args...)
+		args[2] = limit
+		rows, err := s.Pool().Query(ctx, "EXPLAIN (COSTS OFF) "+w.SQL, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+	t.Fatalf("no walk %q", name)
+	return ""
+}
+
+// TestBreakResetServiceReadsEveryService: resetting a service of 40,000
+// identities, in a state table of 400,000, must read about its own rows;
+// it reads the whole table once per chunk of 5000.
+func TestBreakResetServiceReadsEveryService(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	populateWalk(t, ctx, dsn)
+	before := tableReads(t, ctx, dsn, "state", 0)
+	s, err := dedup.Open(ctx, dsn, dedup.Config{MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if distributed(t, s) {
+		s.Close()
+		t.Skip("the one-server statements")
+	}
+	plan := chunkPlan(t, ctx, s, "reset state", 5000)
+	n, err := s.ResetService(ctx, "small")
+	s.Close() // the backends flush their statistics as they exit
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2*walkSmall { // state's and versions'
+		t.Fatalf("reset deleted %d identities, want %d", n, 2*walkSmall)
+	}
+	read := tableReads(t, ctx, dsn, "state", walkSmall) - before
+	if read > 2*walkSmall {
+		t.Errorf("ResetService of a service of %d rows read %d rows of state by sequential scans (the table holds %d)\nplan of a chunk of 5000:\n%s",
+			walkSmall, read, walkRows, plan)
+	}
+}
+
+// TestBreakPruneServiceReadsEveryService: pruning one service of 40,000
+// identities in a versions table of 400,000 must read about its own rows;
+// it reads the whole table once per chunk of 10000.
+func TestBreakPruneServiceReadsEveryService(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	populateWalk(t, ctx, dsn)
+	before := tableReads(t, ctx, dsn, "versions", 0)
+	s, err := dedup.Open(ctx, dsn, dedup.Config{MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if distributed(t, s) {
+		s.Close()
+		t.Skip("the one-server statements")
+	}
+	plan := chunkPlan(t, ctx, s, "prune versions first", 10000)
+	n, err := s.PruneState(ctx, "small", time.Hour)
+	s.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2*walkSmall { // state's and versions'
+		t.Fatalf("prune deleted %d identities, want %d", n, 2*walkSmall)
+	}
+	read := tableReads(t, ctx, dsn, "versions", walkSmall) - before
+	if read > 2*walkSmall {
+		t.Errorf("PruneState of a service of %d rows read %d rows of versions by sequential scans (the table holds %d)\nplan of a chunk of 10000:\n%s",
+			walkSmall, read, walkRows, plan)
+	}
+}
