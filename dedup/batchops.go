@@ -108,12 +108,14 @@ func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]
 //
 // One server: the chunk's rows are locked (FOR UPDATE, waiting for a
 // decider holding one) in key order, the order in which a Decide locks
-// them too, then deleted.
+// them too, then deleted by their tids (a TID scan; the lock returns the
+// tid of the version it locked: a join back to the table by key was
+// planned as a hash join over a sequential scan of every service's rows).
 const sqlResetChunk = `WITH chunk AS (
-		SELECT %[2]s AS k FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 AND octet_length(%[2]s) >= 0
+		SELECT %[2]s AS k, ctid AS t FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 AND octet_length(%[2]s) >= 0
 		ORDER BY %[2]s LIMIT $3 FOR UPDATE),
 	gone AS (
-		DELETE FROM %[1]s s USING chunk c WHERE s.service = $1 AND s.%[2]s = c.k RETURNING 1)
+		DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT t FROM chunk)) RETURNING 1)
 	SELECT (SELECT count(*) FROM gone), k FROM chunk ORDER BY k DESC LIMIT 1`
 
 // sqlResetChunkCitus is sqlResetChunk on Citus, which refuses FOR UPDATE
@@ -121,8 +123,8 @@ const sqlResetChunk = `WITH chunk AS (
 // removes the key range it spans, waiting for a row a decider holds. An
 // identity created in that range meanwhile goes too (as if decided before
 // the reset). Each shard deletes its rows walking its (service, identity)
-// index in key order, as a Decide locks them; a deadlock across shards is broken by
-// Citus and the chunk runs again (see runChunk).
+// index in key order, as a Decide locks them; a deadlock across shards is
+// broken by Citus and the chunk runs again (see runChunk).
 const sqlResetChunkCitus = `WITH chunk AS (
 		SELECT %[2]s AS k FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 AND octet_length(%[2]s) >= 0
 		ORDER BY %[2]s LIMIT $3),

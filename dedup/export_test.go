@@ -69,18 +69,19 @@ type ServiceWalk struct {
 
 // ServiceWalks returns every statement that walks one service's rows
 // (Count, and the chunks of ResetService and PruneState in both shapes),
-// with arguments for a first chunk of service, for a test of their plans.
+// with arguments for a first chunk of service of the default size, for a
+// test of their plans.
 func ServiceWalks(service string) []ServiceWalk {
 	w := []ServiceWalk{{"count", sqlCount, []any{service}}}
 	for _, t := range identityTables {
 		for shape, sql := range map[string]string{"": sqlResetChunk, " (citus)": sqlResetChunkCitus} {
-			w = append(w, ServiceWalk{"reset " + t.table + shape, fmt.Sprintf(sql, t.table, t.column, ">="), []any{service, []byte{}, 100}})
+			w = append(w, ServiceWalk{"reset " + t.table + shape, fmt.Sprintf(sql, t.table, t.column, ">="), []any{service, []byte{}, resetBatch}})
 		}
 	}
 	for _, table := range []string{"state", "versions"} {
 		for shape, sql := range map[string]string{"": sqlPruneChunk, " (citus)": sqlPruneChunkCitus} {
 			for step, cond := range map[string]string{"first": pruneFirstService, "next": pruneNextService} {
-				w = append(w, ServiceWalk{"prune " + table + " " + step + shape, fmt.Sprintf(sql, table, cond), []any{service, []byte{}, 100, 3600.0}})
+				w = append(w, ServiceWalk{"prune " + table + " " + step + shape, fmt.Sprintf(sql, table, cond), []any{service, []byte{}, pruneBatch, 3600.0}})
 			}
 		}
 	}

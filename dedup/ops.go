@@ -129,23 +129,29 @@ const (
 // locks or one long transaction.
 const pruneBatch = 10000
 
-// The steps of PruneState walk a table's (service, entity) index in chunks (keyset
-// pagination: one pass over the rows, whatever their age) and delete the
-// chunk's rows older than the cutoff. There is no index on updated_at: it
-// would cost every decided record an index insertion (no HOT update).
-// The table (state or versions) is the first verb, the condition the
-// second.
+// The steps of PruneState walk a table's (service, entity) index in
+// chunks (keyset pagination: one pass over the rows, whatever their age)
+// and delete the chunk's rows older than the cutoff. There is no index on
+// updated_at: it would cost every decided record an index insertion (no
+// HOT update). The table (state or versions) is the first verb, the
+// condition the second.
 //
-// One server: rows locked by a Decide in progress are skipped (SKIP
-// LOCKED): they are being written now, so they are not old.
+// One server: the chunk's old rows are locked and deleted by their tids
+// (TID scans: a join back to the table by key was planned as a hash join
+// over a sequential scan of every service's rows for each chunk). Rows
+// locked by a Decide in progress are skipped (SKIP LOCKED): they are being
+// written now, so they are not old; a row rewritten since the chunk read
+// it is a new version at another tid, which the lock's recheck of the tid
+// skips too.
 const (
 	sqlPruneChunk = `WITH chunk AS (
-			SELECT service, entity FROM %[1]s WHERE %[2]s AND ` + byService + ` ORDER BY service, entity LIMIT $3),
+			SELECT service, entity, ctid AS t FROM %[1]s WHERE %[2]s AND ` + byService + `
+			ORDER BY service, entity LIMIT $3),
 		doomed AS (
-			SELECT s.service, s.entity FROM %[1]s s JOIN chunk c ON s.service = c.service AND s.entity = c.entity
-			WHERE s.updated_at < now() - make_interval(secs => $4) FOR UPDATE OF s SKIP LOCKED),
+			SELECT ctid AS t FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT t FROM chunk))
+			AND updated_at < now() - make_interval(secs => $4) FOR UPDATE SKIP LOCKED),
 		gone AS (
-			DELETE FROM %[1]s s USING doomed d WHERE s.service = d.service AND s.entity = d.entity RETURNING 1)
+			DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT t FROM doomed)) RETURNING 1)
 		SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM chunk), service, entity
 		FROM chunk ORDER BY service DESC, entity DESC LIMIT 1`
 	pruneFirstService = `service = $1 AND entity >= $2`
@@ -161,9 +167,9 @@ const (
 // it forwarded (updated_at rewritten) is kept, one it only read (a
 // duplicate) is still old and goes, as if pruned just after the Decide.
 // (Citus evaluates now() on the coordinator: one cutoff for every shard.)
-// Each shard deletes walking its (service, entity) index in key order, as a Decide
-// locks; a deadlock across shards is broken by Citus and the chunk runs
-// again (see runChunk).
+// Each shard deletes walking its (service, entity) index in key order, as
+// a Decide locks; a deadlock across shards is broken by Citus and the
+// chunk runs again (see runChunk).
 const sqlPruneChunkCitus = `WITH chunk AS (
 		SELECT service, entity FROM %[1]s WHERE %[2]s AND ` + byService + ` ORDER BY service, entity LIMIT $3),
 	last AS (
