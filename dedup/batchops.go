@@ -108,14 +108,17 @@ func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]
 //
 // One server: the chunk's rows are locked (FOR UPDATE, waiting for a
 // decider holding one) in key order, the order in which a Decide locks
-// them too, then deleted by their tids (a TID scan; the lock returns the
-// tid of the version it locked: a join back to the table by key was
-// planned as a hash join over a sequential scan of every service's rows).
+// them too, then deleted by key (= ANY: a probe of the primary key per
+// identity; a join back to the table was planned as a hash join over a
+// sequential scan of every service's rows). Not by tid: a row the lock
+// waited for is a version newer than the statement's snapshot, which a
+// delete by its tid does not see, while a delete by key finds the version
+// it sees updated and deletes the newest (PostgreSQL's recheck).
 const sqlResetChunk = `WITH chunk AS (
-		SELECT %[2]s AS k, ctid AS t FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 AND octet_length(%[2]s) >= 0
+		SELECT %[2]s AS k FROM %[1]s WHERE service = $1 AND %[2]s %[3]s $2 AND octet_length(%[2]s) >= 0
 		ORDER BY %[2]s LIMIT $3 FOR UPDATE),
 	gone AS (
-		DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT t FROM chunk)) RETURNING 1)
+		DELETE FROM %[1]s WHERE service = $1 AND %[2]s = ANY(ARRAY(SELECT k FROM chunk)) RETURNING 1)
 	SELECT (SELECT count(*) FROM gone), k FROM chunk ORDER BY k DESC LIMIT 1`
 
 // sqlResetChunkCitus is sqlResetChunk on Citus, which refuses FOR UPDATE
