@@ -67,7 +67,7 @@ func testLockOrderUnderMaintenance(t *testing.T, rule dedup.Rule) {
 	}
 	const (
 		deciders = 4
-		batches  = 40
+		batches  = 10
 		service  = "svc"
 	)
 	var failures atomic.Int64
