@@ -17,19 +17,22 @@
 -- rewrite stays a HOT update, as neither column ever changes.
 --
 -- Each rebuild holds its table's ACCESS EXCLUSIVE lock: deciders wait
--- for it (see docs/operations.md, Upgrading). One DO block: Citus refuses
+-- for it (see docs/operations.md, Upgrade). One DO block: Citus refuses
 -- DROP and ADD CONSTRAINT in one ALTER TABLE, and tern runs a migration
--- as one statement.
+-- as one statement. Idempotent, like 005: a table already keyed identity
+-- first is left alone.
 DO $$
+DECLARE
+  t record;
 BEGIN
-  ALTER TABLE state DROP CONSTRAINT state_pkey;
-  ALTER TABLE state ADD CONSTRAINT state_pkey PRIMARY KEY (entity, service);
-  CREATE INDEX state_by_service ON state (service, entity) WHERE octet_length(entity) >= 0;
-  ALTER TABLE versions DROP CONSTRAINT versions_pkey;
-  ALTER TABLE versions ADD CONSTRAINT versions_pkey PRIMARY KEY (entity, service);
-  CREATE INDEX versions_by_service ON versions (service, entity) WHERE octet_length(entity) >= 0;
-  ALTER TABLE window_ids DROP CONSTRAINT window_ids_pkey;
-  ALTER TABLE window_ids ADD CONSTRAINT window_ids_pkey PRIMARY KEY (id, service);
-  CREATE INDEX window_ids_by_service ON window_ids (service, id) WHERE octet_length(id) >= 0;
+  FOR t IN SELECT * FROM (VALUES ('state', 'entity'), ('versions', 'entity'), ('window_ids', 'id')) AS v(tbl, col) LOOP
+    IF (SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+        WHERE i.indexrelid = to_regclass(t.tbl || '_pkey')) = 'service' THEN
+      EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', t.tbl, t.tbl || '_pkey');
+      EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I PRIMARY KEY (%I, service)', t.tbl, t.tbl || '_pkey', t.col);
+    END IF;
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (service, %I) WHERE octet_length(%I) >= 0',
+      t.tbl || '_by_service', t.tbl, t.col, t.col);
+  END LOOP;
 END
 $$;
