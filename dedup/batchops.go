@@ -221,12 +221,12 @@ const (
 
 // PruneState deletes the last-seen and version state of identities (of
 // service, or of every service when service is "") not forwarded for
-// olderThan, walking each table's (service, entity) index in batches of one short
-// statement each (default 10000 rows walked per batch), and returns how
-// many it deleted. The next record of a pruned identity is forwarded (in
-// version mode, even one older than what was forwarded before). An
-// identity a Decide forwards while the prune runs is kept (see
-// sqlPruneChunk). Window ids expire by themselves: see PruneWindow.
+// olderThan, walking each table's (service, entity) index in batches of
+// one short statement each (default 10000 rows walked per batch), and
+// returns how many it deleted. The next record of a pruned identity is
+// forwarded (in version mode, even one older than what was forwarded
+// before). An identity a Decide forwards while the prune runs is kept
+// (see sqlPruneChunk). Window ids expire by themselves: see PruneWindow.
 func (s *Store) PruneState(ctx context.Context, service string, olderThan time.Duration, opts ...OpOption) (int64, error) {
 	if olderThan < 0 {
 		return 0, fmt.Errorf("%w: negative age %v", ErrInvalid, olderThan)

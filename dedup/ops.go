@@ -318,6 +318,8 @@ func (s *Store) CleanupWindow(ctx context.Context, service string, batch int) (d
 	return deleted, true, err
 }
 
+// sqlCount counts service $1's identities along the (service, identity)
+// indexes (see byService).
 const sqlCount = `SELECT (SELECT count(*) FROM state WHERE service = $1 AND digest IS NOT NULL AND ` + byService + `)
 	+ (SELECT count(*) FROM window_ids WHERE service = $1 AND ` + byServiceID + `)
 	+ (SELECT count(*) FROM versions WHERE service = $1 AND ` + byService + `)`
