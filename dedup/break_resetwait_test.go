@@ -10,14 +10,14 @@ import (
 )
 
 // TestBreakResetServiceWaitsThenKeeps: ResetService's chunk waits for a
-// row a decider holds (FOR UPDATE), then deletes what it locked. Since the
-// chunk deletes by tid (43682a1), the DELETE looks the tid up with the
-// statement's snapshot, taken before the wait: the version the decider
-// committed meanwhile is invisible to it, so the row the reset waited for
-// is kept, and the reset reports success. On main (a join by key) the
-// DELETE followed the update chain and deleted it. Under live traffic a
-// reset thus misses exactly the identities being decided, and the replay
-// an operator runs after it drops their records as duplicates.
+// row a decider holds (FOR UPDATE), then deletes what it locked, the
+// version the decider committed meanwhile included. A chunk that deleted
+// by tid missed it: the DELETE looked the tid up with the statement's
+// snapshot, taken before the wait, so the row the reset waited for was
+// kept and the reset reported success; under live traffic a reset would
+// miss exactly the identities being decided, and the replay an operator
+// runs after it would drop their records as duplicates. A delete by key
+// follows the update chain (PostgreSQL's recheck) and deletes it.
 func TestBreakResetServiceWaitsThenKeeps(t *testing.T) {
 	ctx := context.Background()
 	s, err := dedup.Open(ctx, pgtest.DSN(t), dedup.Config{MaxConns: 4, LockTimeout: 30 * time.Second})

@@ -13,15 +13,13 @@ import (
 )
 
 // The one-server walks of one service (ResetService, PruneState) on tables
-// keyed identity first (migration 007): each chunk is chosen through the
-// (service, identity) index, but the statement's second half (the DELETE
-// of ResetService's chunk, the locking join of PruneState's) joins the
-// chunk back to the table without the index's predicate, so the only
-// index that has the service first is unusable there; with the default
-// chunk sizes (5000, 10000) the planner hash-joins against a sequential
-// scan of the whole table, every service's rows, once per chunk.
-// Before migration 007 the same join read the service's part of the
-// primary key (service, entity).
+// keyed identity first (migration 007) must read that service's rows, not
+// every service's. Each chunk is chosen through the (service, identity)
+// index; the statement's second half first joined the chunk back to the
+// table, which at the default chunk sizes (5000, 10000) was planned as a
+// hash join over a sequential scan of the whole table, once per chunk.
+// It now deletes by key (= ANY) or by tid. (PruneState's join did the same
+// on the service-first keys before 007.)
 
 const (
 	walkRows  = 400000
@@ -102,8 +100,8 @@ func chunkPlan(t *testing.T, ctx context.Context, s *dedup.Store, name string, l
 }
 
 // TestBreakResetServiceReadsEveryService: resetting a service of 40,000
-// identities, in a state table of 400,000, must read about its own rows;
-// it reads the whole table once per chunk of 5000.
+// identities, in a state table of 400,000, must read about its own rows,
+// not the whole table once per chunk of 5000.
 func TestBreakResetServiceReadsEveryService(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
@@ -134,8 +132,8 @@ func TestBreakResetServiceReadsEveryService(t *testing.T) {
 }
 
 // TestBreakPruneServiceReadsEveryService: pruning one service of 40,000
-// identities in a versions table of 400,000 must read about its own rows;
-// it reads the whole table once per chunk of 10000.
+// identities in a versions table of 400,000 must read about its own rows,
+// not the whole table once per chunk of 10000.
 func TestBreakPruneServiceReadsEveryService(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
