@@ -1,11 +1,9 @@
 package dedup
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -111,64 +109,6 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 	return out, err
 }
 
-// identify returns the distinct entities of the valid records in key
-// order (bytes.Compare, which is bytea's order in PostgreSQL), the index
-// of each in them, and each record's slot: the index of its entity (-1:
-// invalid). Key order is the order in which every statement locks or
-// writes them, so that concurrent batches wait for each other instead of
-// deadlocking; sent sorted, the arrays need no sort on the server either
-// (PostgreSQL's sort of an = ANY array returns at once on presorted
-// input, where sorting a batch's keys was 4% of its CPU per decided
-// record), and the rewrites need none in dam.
-func identify(recs []Record) (entities [][]byte, index map[string]int32, slots []int32) {
-	index = make(map[string]int32, len(recs))
-	entities = make([][]byte, 0, len(recs))
-	slots = make([]int32, len(recs))
-	sorted := true
-	for k := range recs {
-		r := &recs[k]
-		if r.Invalid {
-			slots[k] = -1
-			continue
-		}
-		j, ok := index[string(r.Entity)]
-		if !ok {
-			j = int32(len(entities))
-			index[string(r.Entity)] = j
-			if sorted && j > 0 && bytes.Compare(entities[j-1], r.Entity) > 0 {
-				sorted = false
-			}
-			entities = append(entities, nonNil(r.Entity))
-		}
-		slots[k] = j
-	}
-	if sorted {
-		return entities, index, slots
-	}
-	// order[n] is the first-seen index of the n-th entity in key order;
-	// rank its inverse. The map is rewritten in place (its keys stay).
-	order := make([]int32, len(entities))
-	for i := range order {
-		order[i] = int32(i)
-	}
-	slices.SortFunc(order, func(a, b int32) int { return bytes.Compare(entities[a], entities[b]) })
-	rank := make([]int32, len(entities))
-	byKey := make([][]byte, len(entities))
-	for n, i := range order {
-		rank[i] = int32(n)
-		byKey[n] = entities[i]
-	}
-	for e, i := range index {
-		index[e] = rank[i]
-	}
-	for k, j := range slots {
-		if j >= 0 {
-			slots[k] = rank[j]
-		}
-	}
-	return byKey, index, slots
-}
-
 // maxDecideAttempts, plus one per identity of the batch, bounds the runs
 // of one Decide that lose a race. Each run after the first locks what it
 // reads, and a run that lost a new identity finds it existing and locks it
@@ -185,7 +125,7 @@ var maxDecideAttempts = 5
 //
 // claim selects the statements that lock by writing (Citus; see tables.go),
 // lock those that lock what they read (one server).
-func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, index map[string]int32, slots []int32, claim, lock bool, out []Decision) (_ []Decision, raced bool, _ error) {
+func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, index entityIndex, slots []int32, claim, lock bool, out []Decision) (_ []Decision, raced bool, _ error) {
 	out = out[:0]
 	p := b.Partition
 	conn, err := s.pool.Acquire(ctx)

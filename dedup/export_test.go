@@ -55,9 +55,12 @@ const (
 	SQLExtendWindow = sqlExtendWindowTIDs
 )
 
-// Identify is identify: a batch's distinct entities in key order, the
-// index of each, and each record's slot.
-func Identify(recs []Record) ([][]byte, map[string]int32, []int32) { return identify(recs) }
+// Identify is identify: a batch's distinct entities in key order, a
+// function finding an entity's index in them, and each record's slot.
+func Identify(recs []Record) ([][]byte, func([]byte) (int, bool), []int32) {
+	entities, index, slots := identify(recs)
+	return entities, index.find, slots
+}
 
 // ServiceWalk is one statement that walks one service's rows, with
 // arguments for a first chunk of service.

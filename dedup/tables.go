@@ -67,9 +67,9 @@ func newTableTxn(r Rule) tableTxn {
 	return lastSeenTxn{refresh: r.RefreshAfter > 0}
 }
 
-// identities are the distinct identities of a batch, in the order first
-// seen (each statement that locks or writes them orders them by key), with
-// their state as the batch goes.
+// identities are the distinct identities of a batch, in key order (the
+// order in which every statement locks or writes them: see identify),
+// with their state as the batch goes.
 type identities struct {
 	rule Rule
 	// claim: the identities are locked by a claim (Citus's shape): every
@@ -78,7 +78,7 @@ type identities struct {
 	// lock: one server, the read locks the rows (a run after a lost race).
 	lock     bool
 	entities [][]byte
-	index    map[string]int32 // entity -> index in entities
+	index    entityIndex // finds an entity in entities
 	// state is each identity's state: as the read found it, then as each
 	// of its records leaves it.
 	state []Stored
@@ -100,16 +100,16 @@ type identities struct {
 	touched []bool
 }
 
-func newIdentities(rule Rule, entities [][]byte, index map[string]int32) *identities {
+func newIdentities(rule Rule, entities [][]byte, index entityIndex) *identities {
 	n := len(entities)
 	return &identities{rule: rule, entities: entities, index: index, state: make([]Stored, n),
 		found: make([]bool, n), changed: make([]bool, n), offsets: make([]int64, n), touched: make([]bool, n)}
 }
 
 // read records the state read for entity e, and which row version (a
-// claim reads none).
+// claim reads none). It keeps nothing of e.
 func (ids *identities) read(e []byte, st Stored, v rowVersion) {
-	if i, ok := ids.index[string(e)]; ok {
+	if i, ok := ids.index.find(e); ok {
 		ids.found[i], ids.state[i] = true, st
 		if !ids.claim {
 			if ids.tids == nil {
@@ -289,7 +289,8 @@ func (t lastSeenTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) 
 		sql = pick(t.refresh, sqlReadStateRowsRefresh, sqlReadStateRows)
 	}
 	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
-		var e, d []byte
+		// The row's bytes, not copies: read only until the next row.
+		var e, d pgtype.DriverBytes
 		var at time.Time
 		var v rowVersion
 		dest := v.dest(ids, []any{&e, &d})
@@ -363,7 +364,7 @@ func (t windowTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 		sql = sqlReadWindow
 	}
 	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
-		var id []byte
+		var id pgtype.DriverBytes // the row's bytes, until the next row
 		var exp time.Time
 		var v rowVersion
 		_, err := pgx.ForEachRow(rs, v.dest(ids, []any{&id, &exp}), func() error {
@@ -447,7 +448,7 @@ func (versionTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 		sql = sqlReadVersion
 	}
 	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
-		var e []byte
+		var e pgtype.DriverBytes // the row's bytes, until the next row
 		var n int64
 		var v rowVersion
 		_, err := pgx.ForEachRow(rs, v.dest(ids, []any{&e, &n}), func() error {
