@@ -170,6 +170,19 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		j.commitTo = 0 // Kafka's offset is already ahead
 		return w.emit(j)
 	}
+	// The batch's forwards in one slab, and the job's records in one
+	// slice: two allocations per batch, not one or more per record.
+	letters, forwards := 0, 0
+	for i := range recs {
+		switch {
+		case b.Records[i].Invalid:
+			letters++
+		case undecided || decisions[i].Forwards() || w.rt.shadow:
+			forwards++
+		}
+	}
+	slab := make([]kgo.Record, forwards)
+	j.out = make([]outRecord, 0, letters+forwards)
 	for i, r := range recs {
 		switch {
 		case b.Records[i].Invalid:
@@ -177,16 +190,24 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 			w.log.Warn("bad input: dead-lettered", zap.Int64("offset", r.Offset), zap.String("dead_letter", w.rt.dlq), zap.String("error", boundDetail(causes[i].Error())))
 			j.add(w.rt.deadLetter(r, causes[i]), r, outcomeInvalid)
 		case undecided:
-			j.add(w.rt.output(r, false), r, outcomeUndecided)
+			j.add(w.forward(&slab, r, false), r, outcomeUndecided)
 		case decisions[i].Forwards():
-			j.add(w.rt.output(r, false), r, outcomeOf(decisions[i]))
+			j.add(w.forward(&slab, r, false), r, outcomeOf(decisions[i]))
 		case w.rt.shadow: // a duplicate (or stale): marked
-			j.add(w.rt.output(r, true), r, outcomeOf(decisions[i]))
+			j.add(w.forward(&slab, r, true), r, outcomeOf(decisions[i]))
 		default:
 			j.counts[outcomeOf(decisions[i])]++
 		}
 	}
 	return w.emit(j)
+}
+
+// forward builds r's output record in the next record of the slab.
+func (w *worker) forward(slab *[]kgo.Record, r *kgo.Record, duplicate bool) *kgo.Record {
+	out := &(*slab)[0]
+	*slab = (*slab)[1:]
+	w.rt.outputTo(out, r, duplicate)
+	return out
 }
 
 // decideApart decides b's records one at a time, each in a transaction

@@ -111,7 +111,15 @@ func (rt *route) classify(r *kgo.Record) (dedup.Record, error) {
 // timestamp kept (but the input's dam-* headers: see inputHeaders); the
 // partition kept too with partitioning: preserve.
 func (rt *route) output(r *kgo.Record, duplicate bool) *kgo.Record {
-	out := &kgo.Record{
+	out := new(kgo.Record)
+	rt.outputTo(out, r, duplicate)
+	return out
+}
+
+// outputTo is output into out, a record of a job's slab (one allocation
+// for a batch's forwards, not one per record).
+func (rt *route) outputTo(out, r *kgo.Record, duplicate bool) {
+	*out = kgo.Record{
 		Topic:     rt.to,
 		Key:       r.Key,
 		Value:     r.Value,
@@ -130,7 +138,6 @@ func (rt *route) output(r *kgo.Record, duplicate bool) *kgo.Record {
 			out.Headers = append(out.Headers, kgo.RecordHeader{Key: HeaderDuplicate, Value: []byte("true")})
 		}
 	}
-	return out
 }
 
 // headerPrefix begins every header dam writes.
