@@ -189,17 +189,17 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	var logEntities [][]byte
 	for k := range b.Records {
 		r := &b.Records[k]
-		d := Invalid
+		d, e := Invalid, r.Entity
 		if !r.Invalid {
-			d = ids.decide(int(slots[k]), r, now)
+			d, e = ids.decide(int(slots[k]), r, now), entities[slots[k]] // the same bytes, packed
 		}
 		out = append(out, d)
 		switch d {
 		case Duplicate, Stale:
 		case Refresh: // the log says what to deliver, not why
-			logOffsets, logDecisions, logEntities = append(logOffsets, r.Offset), append(logDecisions, int16(Forward)), append(logEntities, r.Entity)
+			logOffsets, logDecisions, logEntities = append(logOffsets, r.Offset), append(logDecisions, int16(Forward)), append(logEntities, e)
 		default:
-			logOffsets, logDecisions, logEntities = append(logOffsets, r.Offset), append(logDecisions, int16(d)), append(logEntities, r.Entity)
+			logOffsets, logDecisions, logEntities = append(logOffsets, r.Offset), append(logDecisions, int16(d)), append(logEntities, e)
 		}
 	}
 
