@@ -158,10 +158,15 @@ func arrayHeader(buf []byte, n int, null int32, elem uint32, size int) []byte {
 	return binary.BigEndian.AppendUint32(buf, 1)
 }
 
-// growBuf makes room for n more bytes at once.
+// growBuf makes room for n more bytes at once, and for as many again: a
+// statement's arrays are encoded one after another into one buffer, which
+// pgx starts afresh (256 bytes) for each statement, and each of a batch's
+// arrays is of about the same size (one element per identity or record).
+// Growing by twice the buffer instead allocated three times the bytes a
+// rewrite's five arrays needed.
 func growBuf(buf []byte, n int) []byte {
 	if cap(buf)-len(buf) < n {
-		nb := make([]byte, len(buf), 2*cap(buf)+n)
+		nb := make([]byte, len(buf), len(buf)+2*n)
 		copy(nb, buf)
 		buf = nb
 	}
