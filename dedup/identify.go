@@ -3,6 +3,7 @@ package dedup
 import (
 	"bytes"
 	"encoding/binary"
+	"math"
 	"math/bits"
 	"slices"
 )
@@ -43,14 +44,25 @@ func (x *entityIndex) find(e []byte) (int, bool) {
 	}
 	w := window(e, len(x.prefix))
 	i := lowerBound(x.windows, w)
-	for ; i < len(x.windows) && x.windows[i] == w; i++ {
-		// Equal windows and lengths are equal keys when the window
-		// holds all that follows the prefix.
-		if c := x.entities[i]; len(c) == len(e) && (len(e) <= len(x.prefix)+8 || bytes.Equal(c, e)) {
-			return i, true
-		}
+	if i == len(x.windows) || x.windows[i] != w {
+		return 0, false
 	}
-	return 0, false
+	if i+1 == len(x.windows) || x.windows[i+1] != w {
+		// The one key with this window (the usual case). Equal windows
+		// and lengths are equal keys when the window holds all that
+		// follows the prefix.
+		c := x.entities[i]
+		return i, len(c) == len(e) && (len(e) <= len(x.prefix)+8 || bytes.Equal(c, e))
+	}
+	// Keys that share their window (which a producer may choose): a
+	// binary search of the run by bytes, so that a batch's look-ups stay
+	// n log n.
+	end := len(x.windows)
+	if w != math.MaxUint64 {
+		end = lowerBound(x.windows, w+1)
+	}
+	k, ok := slices.BinarySearchFunc(x.entities[i:end], e, bytes.Compare)
+	return i + k, ok
 }
 
 // lowerBound returns the index of the first element of a (sorted) not
@@ -88,7 +100,7 @@ func lowerBound(a []uint64, w uint64) int {
 func identify(recs []Record) (entities [][]byte, index entityIndex, slots []int32) {
 	slots = make([]int32, len(recs))
 	var first []byte
-	lcp, valid, size := -1, 0, 0
+	lcp, valid := -1, 0
 	for k := range recs {
 		r := &recs[k]
 		if r.Invalid {
@@ -96,7 +108,6 @@ func identify(recs []Record) (entities [][]byte, index entityIndex, slots []int3
 			continue
 		}
 		valid++
-		size += len(r.Entity)
 		if lcp < 0 {
 			first, lcp = r.Entity, len(r.Entity)
 			continue
@@ -129,21 +140,29 @@ func identify(recs []Record) (entities [][]byte, index entityIndex, slots []int3
 		}
 		i = j
 	}
-	// The distinct entities are copied next to each other: the read's
-	// look-ups, the arrays sent and the log then read them from a few
-	// cache lines, not from wherever each record's key lies.
-	entities = make([][]byte, 0, valid)
-	windows := make([]uint64, 0, valid)
-	arena := make([]byte, 0, size)
+	// The distinct entities: each one's first record in order, and every
+	// record's slot.
+	firsts := make([]int32, 0, valid)
+	size := 0
 	for n, o := range order {
 		e := recs[o.k].Entity
-		if n == 0 || o.w != order[n-1].w || !bytes.Equal(e, entities[len(entities)-1]) {
-			start := len(arena)
-			arena = append(arena, e...)
-			entities = append(entities, arena[start:len(arena):len(arena)])
-			windows = append(windows, o.w)
+		if n == 0 || o.w != order[n-1].w || !bytes.Equal(e, recs[order[n-1].k].Entity) {
+			firsts = append(firsts, o.k)
+			size += len(e)
 		}
-		slots[o.k] = int32(len(entities) - 1)
+		slots[o.k] = int32(len(firsts) - 1)
+	}
+	// They are copied next to each other: the read's look-ups, the arrays
+	// sent and the log then read them from a few cache lines, not from
+	// wherever each record's key lies.
+	entities = make([][]byte, len(firsts))
+	windows := make([]uint64, len(firsts))
+	arena := make([]byte, 0, size)
+	for i, k := range firsts {
+		start := len(arena)
+		arena = append(arena, recs[k].Entity...)
+		entities[i] = arena[start:len(arena):len(arena)]
+		windows[i] = window(entities[i], lcp)
 	}
 	return entities, entityIndex{entities: entities, prefix: entities[0][:lcp:lcp], windows: windows}, slots
 }
