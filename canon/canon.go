@@ -59,6 +59,14 @@
 // an error, never a mangled identity. On FormatBytes a value is parsed for
 // that, and the digest stays the raw bytes'. Values never change a digest.
 //
+// Batches. A Batch takes many values (a partition's batch of records),
+// validates each and reads its values at once, and hashes their encodings
+// together when flushed: on x86-64 CPUs with AVX2 but no SHA extensions,
+// eight side by side in the lanes of vector registers (internal/sha256x8),
+// where crypto/sha256 hashes one at a time at a third of the rate or
+// less. The digests are Sum's, byte for byte; elsewhere a Batch hashes
+// one at a time.
+//
 // Limits: nesting depth (default 128) and size (default 1 MiB); memory is
 // proportional to the input, and no input panics or exhausts the stack. A
 // nil value (a Kafka tombstone) hashes to Tombstone; FormatBytes hashes the
@@ -66,7 +74,6 @@
 package canon
 
 import (
-	"crypto/sha256"
 	"fmt"
 	"sync"
 )
@@ -141,25 +148,20 @@ const maxPooled = 4 << 20
 // tombstone and yields Tombstone; an empty non-nil value is a value. For
 // FormatJSON an invalid value yields an *Error.
 func (h *Hasher) Sum(value []byte) (Digest, error) {
-	var d Digest
 	if value == nil {
 		return Tombstone, nil
 	}
 	if h.format == FormatBytes {
 		if len(value) > h.maxSize {
-			return d, tooLarge(h, value)
+			return Digest{}, tooLarge(h, value)
 		}
-		d[0] = byte(SchemeBytes1)
-		sum := sha256.Sum256(value)
-		copy(d[1:], sum[:])
-		return d, nil
+		return digest(SchemeBytes1, value), nil
 	}
+	var d Digest
 	st := h.pool.Get().(*state)
 	err := h.encode(st, value)
 	if err == nil {
-		d[0] = byte(SchemeJSON1)
-		sum := sha256.Sum256(st.out)
-		copy(d[1:], sum[:])
+		d = digest(SchemeJSON1, st.out)
 	}
 	h.put(st)
 	return d, err

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/dam-dedup/dam/canon/internal/sha256x8"
 )
 
 // checkReference encodes in with the fast encoder (through st, which
@@ -192,6 +194,20 @@ func FuzzSequence(f *testing.F) {
 		check("as an object", append(obj.Bytes(), '}'))
 		for i, doc := range docs {
 			check(fmt.Sprintf("document %d again", i), doc)
+		}
+		// The same documents through a Batch, in lanes where this CPU
+		// has them: SumValues' digests, values and errors, each under
+		// its index.
+		old := sha256x8.Enabled
+		sha256x8.Enabled = sha256x8.Supported
+		defer func() { sha256x8.Enabled = old }()
+		got, errs, vals := batchDigests(h, h.NewBatch(), docs, len(h.vptrs))
+		for i, doc := range docs {
+			want := make([]Value, len(h.vptrs))
+			d, _, err := h.SumValues(doc, nil, want)
+			if fmt.Sprint(err) != fmt.Sprint(errs[i]) || d != got[i] || err == nil && fmt.Sprint(want) != fmt.Sprint(vals[i]) {
+				t.Fatalf("document %d (%s) through a Batch: %v, %v, %q; SumValues %v, %v, %q", i, hs.name, got[i], errs[i], vals[i], d, err, want)
+			}
 		}
 	})
 }

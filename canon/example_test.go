@@ -76,3 +76,34 @@ func ExampleHasher_SumValues() {
 	// true
 	// canon: no value at "/banana_id" true
 }
+
+func ExampleBatch() {
+	h, err := canon.New(canon.WithValues("/id"))
+	if err != nil {
+		panic(err)
+	}
+	records := [][]byte{
+		[]byte(`{"id":"B-1","ripeness":"Green"}`),
+		[]byte(`{"ripeness":"Green","id":"B-1"}`),
+		[]byte(`{"ripeness":"Green"}`),
+		[]byte(`{"id":"B-2","ripeness":"Yellow"}`),
+	}
+	b := h.NewBatch()
+	digests := make([]canon.Digest, len(records))
+	for i, r := range records {
+		var id [1]canon.Value
+		if _, err := b.Add(i, r, nil, id[:]); err != nil {
+			fmt.Println(i, err) // nothing queued for i
+			continue
+		}
+		fmt.Println(i, string(id[0].Bytes))
+	}
+	b.Flush(func(i int, d canon.Digest) { digests[i] = d })
+	fmt.Println(digests[0] == digests[1], digests[0] == digests[3], digests[2].IsZero())
+	// Output:
+	// 0 B-1
+	// 1 B-1
+	// 2 canon: no value at "/id"
+	// 3 B-2
+	// true false true
+}

@@ -88,49 +88,74 @@ func kindOf(c byte) Kind {
 // On error dst is returned with its length on entry and vals is unchanged.
 func (h *Hasher) SumValues(value, dst []byte, vals []Value) (Digest, []byte, error) {
 	var d Digest
+	st := h.pool.Get().(*state)
+	scheme, msg, dst, err := h.prepare(st, value, dst, vals)
+	if err == nil {
+		d = digest(scheme, msg)
+	}
+	h.put(st)
+	return d, dst, err
+}
+
+// prepare is SumValues up to the hash: it validates value, reads its
+// values, and returns the scheme and the bytes to hash (st.out, value, or
+// nil for a tombstone), valid until st goes back to the pool.
+func (h *Hasher) prepare(st *state, value, dst []byte, vals []Value) (Scheme, []byte, []byte, error) {
 	if len(vals) != len(h.vptrs) {
 		panic(fmt.Sprintf("canon: SumValues with %d vals for %d value pointers", len(vals), len(h.vptrs)))
 	}
 	if len(vals) == 0 {
-		d, err := h.Sum(value)
-		return d, dst, err
+		switch {
+		case value == nil:
+			return SchemeTombstone, nil, dst, nil
+		case h.format == FormatBytes:
+			if len(value) > h.maxSize {
+				return 0, nil, dst, tooLarge(h, value)
+			}
+			return SchemeBytes1, value, dst, nil
+		}
+		if err := h.encode(st, value); err != nil {
+			return 0, nil, dst, err
+		}
+		return SchemeJSON1, st.out, dst, nil
 	}
 	if value == nil {
-		return d, dst, &ValueError{Pointer: h.vptrs[0], Tombstone: true}
+		return 0, nil, dst, &ValueError{Pointer: h.vptrs[0], Tombstone: true}
 	}
-	st := h.pool.Get().(*state)
 	if err := h.encode(st, value); err != nil {
-		h.put(st)
-		return d, dst, err
+		return 0, nil, dst, err
 	}
 	var ends [MaxValues]int
 	var kinds [MaxValues]Kind
 	start := len(dst)
 	for i := range vals {
 		if st.found&(1<<uint(h.nIgnore+i)) == 0 {
-			h.put(st)
-			return d, dst[:start], &ValueError{Pointer: h.vptrs[i]}
+			return 0, nil, dst[:start], &ValueError{Pointer: h.vptrs[i]}
 		}
 		dst, kinds[i&(MaxValues-1)] = appendValue(dst, value, int(st.vpos[i&(MaxValues-1)]))
 		ends[i&(MaxValues-1)] = len(dst)
 	}
-	if h.format == FormatBytes {
-		d[0] = byte(SchemeBytes1)
-		sum := sha256.Sum256(value)
-		copy(d[1:], sum[:])
-	} else {
-		d[0] = byte(SchemeJSON1)
-		sum := sha256.Sum256(st.out)
-		copy(d[1:], sum[:])
-	}
-	h.put(st)
 	b := start
 	for i := range vals {
 		e := ends[i&(MaxValues-1)]
 		vals[i] = Value{Bytes: dst[b:e:e], Kind: kinds[i&(MaxValues-1)]}
 		b = e
 	}
-	return d, dst, nil
+	if h.format == FormatBytes {
+		return SchemeBytes1, value, dst, nil
+	}
+	return SchemeJSON1, st.out, dst, nil
+}
+
+// digest is the Digest of msg under scheme, as prepare returned them.
+func digest(scheme Scheme, msg []byte) Digest {
+	if scheme == SchemeTombstone {
+		return Tombstone
+	}
+	d := Digest{byte(scheme)}
+	sum := sha256.Sum256(msg)
+	copy(d[1:], sum[:])
+	return d
 }
 
 // appendValue appends the value that starts at in[p] (maybe after
