@@ -4,7 +4,7 @@ package canon
 // batches of records.
 
 import (
-	"github.com/dam-dedup/dam/canon/internal/sha256x8"
+	"github.com/dam-dedup/dam/internal/sha256x8"
 )
 
 // Batch computes the digests of many values, as Sum and SumValues do,

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dam-dedup/dam/canon/internal/sha256x8"
+	"github.com/dam-dedup/dam/internal/sha256x8"
 )
 
 // setLanes runs the rest of the test with SHA-256 in lanes on or off (on

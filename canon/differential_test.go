@@ -8,7 +8,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/dam-dedup/dam/canon/internal/sha256x8"
+	"github.com/dam-dedup/dam/internal/sha256x8"
 )
 
 // checkReference encodes in with the fast encoder (through st, which
