@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/retry"
 )
@@ -120,8 +121,11 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 	}
 	var causes []error // per record, only once a record is bad
 	var halt error
+	if w.digests == nil {
+		w.digests = w.rt.hasher.NewBatch()
+	}
 	for i, r := range recs {
-		rec, err := w.rt.classify(r)
+		rec, err := w.rt.classifyIn(r, w.digests, i)
 		if err != nil {
 			if w.rt.dlq == "" && !catchUp {
 				halt = fmt.Errorf("%w: %s/%d offset %d: %s (route %s has no dead_letter topic)", ErrHalted, r.Topic, r.Partition, r.Offset, boundDetail(err.Error()), w.rt.service)
@@ -135,6 +139,13 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		}
 		b.Records = append(b.Records, rec)
 	}
+	// Every queued digest, before anything returns: a record found bad
+	// after its value was hashed (or the one that halts) has one too.
+	w.digests.Flush(func(i int, d canon.Digest) {
+		if i < len(b.Records) && !b.Records[i].Invalid {
+			b.Records[i].Digest = d
+		}
+	})
 	if len(recs) == 0 {
 		return halt
 	}

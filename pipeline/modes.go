@@ -91,6 +91,13 @@ func (rt *route) compileMode(rc config.Route) (pointers []string) {
 // compact text), never a re-encoding that would merge two identities; on a
 // format: bytes route too, where a value that is not JSON has none.
 func (rt *route) identify(r *kgo.Record) (identity []byte, version int64, digest canon.Digest, err error) {
+	return rt.identifyIn(r, nil, 0)
+}
+
+// identifyIn is identify, but with batch the digest is queued in batch
+// under index i (its Flush reports it) instead of returned: SHA-256 runs
+// over several records at once.
+func (rt *route) identifyIn(r *kgo.Record, batch *canon.Batch, i int) (identity []byte, version int64, digest canon.Digest, err error) {
 	if rt.entity != nil {
 		if identity, err = rt.entity(r); err != nil {
 			return nil, 0, canon.Digest{}, err
@@ -100,14 +107,17 @@ func (rt *route) identify(r *kgo.Record) (identity []byte, version int64, digest
 		}
 	}
 	var vals [2]canon.Value
-	if rt.npointers == 0 {
+	switch {
+	case batch != nil:
+		_, err = batch.Add(i, r.Value, nil, vals[:rt.npointers])
+	case rt.npointers == 0:
 		digest, err = rt.hasher.Sum(r.Value)
-	} else {
+	default:
 		digest, _, err = rt.hasher.SumValues(r.Value, nil, vals[:rt.npointers])
-		var ve *canon.ValueError
-		if errors.As(err, &ve) {
-			return nil, 0, canon.Digest{}, fmt.Errorf("%w: %w", rt.missing(ve.Pointer), err)
-		}
+	}
+	var ve *canon.ValueError
+	if errors.As(err, &ve) {
+		return nil, 0, canon.Digest{}, fmt.Errorf("%w: %w", rt.missing(ve.Pointer), err)
 	}
 	if err != nil {
 		return nil, 0, canon.Digest{}, err

@@ -97,9 +97,15 @@ func compileRoute(rc config.Route) (*route, error) {
 // classify computes a record's identity and digest. A non-nil error means
 // bad input: the record is dead-lettered or halts its partition.
 func (rt *route) classify(r *kgo.Record) (dedup.Record, error) {
+	return rt.classifyIn(r, nil, 0)
+}
+
+// classifyIn is classify with identifyIn's batch: the digest comes from
+// batch's Flush, under index i.
+func (rt *route) classifyIn(r *kgo.Record, batch *canon.Batch, i int) (dedup.Record, error) {
 	rec := dedup.Record{Offset: r.Offset}
 	var err error
-	rec.Entity, rec.Version, rec.Digest, err = rt.identify(r)
+	rec.Entity, rec.Version, rec.Digest, err = rt.identifyIn(r, batch, i)
 	if err != nil {
 		rec.Invalid = true
 		return rec, err

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/retry"
 )
@@ -87,6 +88,7 @@ type worker struct {
 	plan       plan
 	next       int64          // P: the next offset to decide
 	pending    []*dedup.Batch // batches forwarded undecided, to write to the store first
+	digests    *canon.Batch   // the digests of the batch being classified
 
 	// Deliverer state.
 	committed int64 // the committed offset C as last known; -1: none
