@@ -123,3 +123,13 @@ func (b *Batch) Flush(set func(i int, d Digest)) {
 	}
 	b.done = b.done[:0]
 }
+
+// Lanes names how a Batch runs SHA-256 on this CPU: "avx512vl" or "avx2"
+// (eight values side by side), or "off" (one at a time, crypto/sha256:
+// the CPU has SHA extensions, or no AVX2).
+func Lanes() string {
+	if !sha256x8.Enabled || sha256x8.Kernel() == "" {
+		return "off"
+	}
+	return sha256x8.Kernel()
+}

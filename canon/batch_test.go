@@ -139,6 +139,21 @@ func TestBatchErrors(t *testing.T) {
 	}
 }
 
+func TestLanes(t *testing.T) {
+	setLanes(t, false)
+	if got := Lanes(); got != "off" {
+		t.Fatalf("lanes off: Lanes() = %q", got)
+	}
+	setLanes(t, true)
+	want := "off"
+	if sha256x8.Supported {
+		want = sha256x8.Kernel()
+	}
+	if got := Lanes(); got != want || got == "" {
+		t.Fatalf("lanes on: Lanes() = %q, want %q", got, want)
+	}
+}
+
 func BenchmarkBatch(b *testing.B) {
 	h := mustNew(b)
 	docs := make([][]byte, 256)

@@ -67,6 +67,7 @@ import (
 	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
 
+	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/retry"
@@ -316,7 +317,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		}
 	}
 	p.log.Info("consuming", zap.String("group", p.cfg.Kafka.Group), zap.Int("routes", len(p.routes)),
-		zap.String("delivery", p.cfg.Kafka.Delivery))
+		zap.String("delivery", p.cfg.Kafka.Delivery), zap.String("sha256_lanes", canon.Lanes()))
 
 	var runErr error
 	if sess != nil {
