@@ -4,6 +4,8 @@ package canon
 // batches of records.
 
 import (
+	"slices"
+
 	"github.com/dam-dedup/dam/internal/sha256x8"
 )
 
@@ -93,6 +95,9 @@ func (b *Batch) hash() {
 			b.done = append(b.done, indexed{p.i, digest(p.scheme, b.buf[p.start:p.start+p.len])})
 		}
 	} else {
+		// Longest first: the lanes then finish close together, instead of
+		// a long encoding running alone at the end while seven lanes idle.
+		slices.SortFunc(b.pending, func(x, y pending) int { return y.len - x.len })
 		b.msgs, b.lens = b.msgs[:0], b.lens[:0]
 		for _, p := range b.pending {
 			end := p.start + sha256x8.PaddedLen(p.len)

@@ -9,6 +9,7 @@ package sha256x8
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"math"
 )
 
 //go:generate go run gen_asm.go
@@ -97,7 +98,7 @@ func sum(blocks func(*[8][Lanes]uint32, *[Lanes]*byte, int), msgs [][]byte, out 
 		ls[l].msg = -1
 	}
 	for {
-		n, any := 1<<62, -1
+		n, any := math.MaxInt, -1
 		for l := range ls {
 			if ls[l].msg < 0 && next < len(msgs) {
 				ls[l] = lane{m: msgs[next], left: len(msgs[next]) / 64, msg: next}
