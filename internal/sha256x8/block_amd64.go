@@ -29,13 +29,27 @@ var hasVL = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL
 // kernels are the compression functions this CPU runs, best first.
 var kernels = func() (ks []namedKernel) {
 	if hasVL {
-		ks = append(ks, namedKernel{"avx512vl", blocksVL})
+		ks = append(ks, namedKernel{"avx512vl", kernelVL})
 	}
 	if supported {
-		ks = append(ks, namedKernel{"avx2", blocks})
+		ks = append(ks, namedKernel{"avx2", kernelAVX2})
 	}
 	return ks
 }()
+
+const (
+	kernelAVX2 = iota
+	kernelVL
+)
+
+// run calls kernel k.
+func run(k int, state *[8][Lanes]uint32, ptrs *[Lanes]*byte, n int) {
+	if k == kernelVL {
+		blocksVL(state, ptrs, n)
+		return
+	}
+	blocks(state, ptrs, n)
+}
 
 // hasSHA reports the SHA extensions (CPUID leaf 7, EBX bit 29), which
 // crypto/sha256 uses when present.

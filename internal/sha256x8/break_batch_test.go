@@ -70,7 +70,7 @@ func TestBreakGuardPages(t *testing.T) {
 						msgs[i], ps[i], lens[i] = m, guarded(t, m, atEnd), n
 					}
 					out := make([][32]byte, count)
-					sum(k.fn, ps, out)
+					sum(k, ps, out)
 					for i, m := range msgs {
 						if want := sha256.Sum256(m); out[i] != want {
 							t.Fatalf("%s count %d msg %d (%d bytes): %x want %x", k.name, count, i, len(m), out[i], want)
@@ -106,7 +106,7 @@ func TestBreakLong(t *testing.T) {
 				lens[i] = len(m)
 			}
 			out := make([][32]byte, count)
-			sum(k.fn, ps, out)
+			sum(k, ps, out)
 			for i, m := range msgs {
 				if want := sha256.Sum256(m); out[i] != want {
 					t.Fatal(fmt.Sprintf("%s round %d msg %d", k.name, round, i))

@@ -61,13 +61,15 @@ func Sum(msgs [][]byte, lens []int, out [][32]byte) {
 		}
 		return
 	}
-	sum(kernels[0].fn, msgs, out)
+	sum(kernels[0], msgs, out)
 }
 
-// namedKernel is a compression function over eight lanes (see blocks).
+// namedKernel is a compression function over eight lanes (see blocks),
+// run by run: a direct call, so that the state stays on sum's stack (a
+// function value would make it escape).
 type namedKernel struct {
 	name string
-	fn   func(state *[8][Lanes]uint32, ptrs *[Lanes]*byte, n int)
+	id   int
 }
 
 // Kernel names the compression function Sum runs in lanes ("avx512vl",
@@ -89,7 +91,7 @@ type lane struct {
 
 // sum hashes padded messages through the lanes: each lane takes the next
 // message as soon as its own is done, so lanes idle only at the end.
-func sum(blocks func(*[8][Lanes]uint32, *[Lanes]*byte, int), msgs [][]byte, out [][32]byte) {
+func sum(k namedKernel, msgs [][]byte, out [][32]byte) {
 	var st [8][Lanes]uint32 // state word, lane
 	var ptrs [Lanes]*byte
 	var ls [Lanes]lane
@@ -121,7 +123,7 @@ func sum(blocks func(*[8][Lanes]uint32, *[Lanes]*byte, int), msgs [][]byte, out 
 			}
 			ptrs[l] = &ls[k].m[ls[k].off]
 		}
-		blocks(&st, &ptrs, n)
+		run(k.id, &st, &ptrs, n)
 		for l := range ls {
 			if ls[l].msg < 0 {
 				continue

@@ -52,7 +52,7 @@ func TestSumMatchesStdlib(t *testing.T) {
 				ps, lens := padded(msgs)
 				runs := map[string]func([][32]byte){"Sum": func(got [][32]byte) { Sum(ps, lens, got) }}
 				for _, k := range kernels {
-					runs[k.name] = func(got [][32]byte) { sum(k.fn, ps, got) }
+					runs[k.name] = func(got [][32]byte) { sum(k, ps, got) }
 				}
 				for name, run := range runs {
 					got := make([][32]byte, count)
@@ -99,7 +99,7 @@ func BenchmarkSum(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/%d", k.name, size), func(b *testing.B) {
 				b.SetBytes(int64(size * len(msgs)))
 				for b.Loop() {
-					sum(k.fn, ps, out)
+					sum(k, ps, out)
 				}
 			})
 		}
