@@ -18,7 +18,8 @@ import (
 //
 // Add validates a value and reads its values at once (its errors are
 // Sum's and SumValues'); its digest comes from Flush. A Batch keeps at most
-// batchBytes of encodings before it hashes them. It is not safe for
+// 64 encodings or 256 KiB of them before it hashes them (then only their
+// digests), and hashes an encoding over 8 KiB at once. It is not safe for
 // concurrent use; after Flush it is empty and ready for the next batch.
 type Batch struct {
 	h       *Hasher
