@@ -4,12 +4,9 @@ package sha256x8
 
 import (
 	"crypto/sha256"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"syscall"
 	"testing"
 )
@@ -109,7 +106,7 @@ func TestBreakLong(t *testing.T) {
 			sum(k, ps, out)
 			for i, m := range msgs {
 				if want := sha256.Sum256(m); out[i] != want {
-					t.Fatal(fmt.Sprintf("%s round %d msg %d", k.name, round, i))
+					t.Fatalf("%s round %d msg %d", k.name, round, i)
 				}
 			}
 		}
@@ -120,11 +117,9 @@ func TestBreakLong(t *testing.T) {
 // where int is 32 bits (386, arm). A review found sum starting its
 // minimum at the untyped constant 1<<62, which overflows int there.
 func TestBreak32BitBuild(t *testing.T) {
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(gobin); err != nil {
-		if gobin, err = exec.LookPath("go"); err != nil {
-			t.Fatal("no go command to build with")
-		}
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal("no go command to build with:", err)
 	}
 	for _, arch := range []string{"386", "arm"} {
 		cmd := exec.Command(gobin, "build", "-o", os.DevNull, ".")
