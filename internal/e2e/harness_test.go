@@ -142,17 +142,33 @@ func newBroker(t *testing.T, persistent bool, extra ...string) *broker {
 // newBrokerOpts is newBroker with more kfake options.
 func newBrokerOpts(t *testing.T, persistent bool, opts []kfake.Opt, extra ...string) *broker {
 	t.Helper()
-	b := &broker{t: t, port: freePort(t), topics: append([]string{inTopic, outTopic, deadTopic}, extra...),
+	b := &broker{t: t, topics: append([]string{inTopic, outTopic, deadTopic}, extra...),
 		faults: newFaultNet(), opts: opts}
 	if persistent {
 		b.dataDir = filepath.Join(t.TempDir(), "kfake")
 	}
-	// kfake's classic groups, refereed as Kafka's coordinator would
-	// (referee_test.go): a rebalance storm livelocks without.
-	if !refereeOff {
-		b.faults.ref = newGroupReferee(b)
+	for attempt := 1; ; attempt++ {
+		b.port = freePort(t)
+		// kfake's classic groups, refereed as Kafka's coordinator would
+		// (referee_test.go): a rebalance storm livelocks without.
+		if !refereeOff {
+			b.faults.ref = newGroupReferee(b)
+		}
+		err := b.startOnce()
+		if err == nil {
+			break
+		}
+		if b.faults.ref != nil {
+			b.faults.ref.close()
+			b.faults.ref = nil
+		}
+		// freePort's port was free when it looked, but the kernel hands the
+		// same ephemeral range to outgoing connections: no client knows
+		// this broker's address yet, so take another port.
+		if !errors.Is(err, syscall.EADDRINUSE) || attempt == 5 {
+			t.Fatalf("kfake on port %d: %v", b.port, err)
+		}
 	}
-	b.start()
 	t.Cleanup(func() {
 		if b.faults.ref != nil {
 			b.faults.ref.close()
@@ -164,27 +180,34 @@ func newBrokerOpts(t *testing.T, persistent bool, opts []kfake.Opt, extra ...str
 
 func (b *broker) addr() string { return fmt.Sprintf("127.0.0.1:%d", b.port) }
 
+// start restarts the broker on its port.
 func (b *broker) start() {
 	b.t.Helper()
+	var err error
+	for i := 0; i < 50; i++ { // the port may take a moment to be free again
+		if err = b.startOnce(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	b.t.Fatalf("kfake on port %d: %v", b.port, err)
+}
+
+// startOnce starts the broker on its port, once.
+func (b *broker) startOnce() error {
 	opts := []kfake.Opt{kfake.Ports(b.port), kfake.SeedTopics(partitions, b.topics...), kfake.ListenFn(b.faults.listen)}
 	opts = append(opts, b.opts...)
 	if b.dataDir != "" {
 		opts = append(opts, kfake.DataDir(b.dataDir), kfake.SyncWrites())
 	}
-	var c *kfake.Cluster
-	var err error
-	for i := 0; i < 50; i++ { // the port may take a moment to be free again
-		if c, err = kfake.NewCluster(opts...); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	c, err := kfake.NewCluster(opts...)
 	if err != nil {
-		b.t.Fatalf("kfake on port %d: %v", b.port, err)
+		return err
 	}
 	b.mu.Lock()
 	b.c = c
 	b.mu.Unlock()
+	return nil
 }
 
 // cluster returns the running kfake cluster (for its control hooks).
