@@ -170,6 +170,20 @@ type Pipeline struct {
 	// times their number, dam stops polling. At least BatchSize. Default
 	// 4000.
 	MaxInFlight int `koanf:"max_in_flight"`
+	// MaxInFlightBytes bounds the same records by size (key, value and
+	// headers) for the whole instance: dam stops polling while they take
+	// this much, whatever their count. Default 67108864 (64 MiB).
+	MaxInFlightBytes int `koanf:"max_in_flight_bytes"`
+	// MaxDecompressedBatchBytes is the most a compressed record batch may
+	// inflate to: a batch past it is bad input for each of its offsets
+	// (dead letters, or a halt of its partition without a dead-letter
+	// topic). At least every route's max_size plus 64 KiB. Default
+	// 33554432 (32 MiB).
+	MaxDecompressedBatchBytes int `koanf:"max_decompressed_batch_bytes"`
+	// MaxDecompressedFetchBytes bounds what the fetched batches inflate to
+	// between two polls, in all: a batch past it waits for the next poll.
+	// At least MaxDecompressedBatchBytes. Default 67108864 (64 MiB).
+	MaxDecompressedFetchBytes int `koanf:"max_decompressed_fetch_bytes"`
 	// ShutdownGrace bounds the time to finish the batches in flight on
 	// shutdown. Default 30s.
 	ShutdownGrace time.Duration `koanf:"shutdown_grace"`
@@ -315,12 +329,16 @@ func Default() Config {
 		HTTP: HTTP{Listen: ":9090"},
 		Log:  Log{Level: "info", Format: "json"},
 		Pipeline: Pipeline{
-			BatchSize:     1000,
-			MaxBatch:      10000,
-			MaxInFlight:   4000,
-			ShutdownGrace: 30 * time.Second,
-			RetryMin:      100 * time.Millisecond,
-			RetryMax:      10 * time.Second,
+			BatchSize:   1000,
+			MaxBatch:    10000,
+			MaxInFlight: 4000,
+			// The memory bound these imply is in docs/delivery.md.
+			MaxInFlightBytes:          64 << 20,
+			MaxDecompressedBatchBytes: 32 << 20,
+			MaxDecompressedFetchBytes: 64 << 20,
+			ShutdownGrace:             30 * time.Second,
+			RetryMin:                  100 * time.Millisecond,
+			RetryMax:                  10 * time.Second,
 		},
 		Serve: DefaultServe(),
 	}

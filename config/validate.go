@@ -171,6 +171,20 @@ func (c *Config) validate() []*Error {
 	if pl.MaxInFlight < pl.BatchSize || pl.MaxInFlight <= 0 {
 		v.addf("pipeline.max_in_flight", "%d must be at least pipeline.batch_size (%d)", pl.MaxInFlight, pl.BatchSize)
 	}
+	if pl.MaxInFlightBytes <= 0 {
+		v.addf("pipeline.max_in_flight_bytes", "must be positive, got %d", pl.MaxInFlightBytes)
+	}
+	largest := 0
+	for _, r := range c.Routes {
+		largest = max(largest, r.MaxSize)
+	}
+	if need := largest + minBatchOverhead; pl.MaxDecompressedBatchBytes < need {
+		v.addf("pipeline.max_decompressed_batch_bytes", "%d must be at least the largest routes[].max_size plus 64 KiB (%d): a batch of one record of that size must inflate",
+			pl.MaxDecompressedBatchBytes, need)
+	}
+	if pl.MaxDecompressedFetchBytes < pl.MaxDecompressedBatchBytes {
+		v.addf("pipeline.max_decompressed_fetch_bytes", "%d must be at least pipeline.max_decompressed_batch_bytes (%d)", pl.MaxDecompressedFetchBytes, pl.MaxDecompressedBatchBytes)
+	}
 	v.positive("pipeline.shutdown_grace", pl.ShutdownGrace)
 	if pl.ShutdownGrace > 0 && k.RebalanceTimeout > 0 && pl.ShutdownGrace >= k.RebalanceTimeout {
 		// A revoked partition finishes within the grace period before it is
@@ -188,6 +202,10 @@ func (c *Config) validate() []*Error {
 	c.validateServe(v)
 	return v.errs
 }
+
+// minBatchOverhead is the room a record batch of one record takes beyond
+// its value, with a margin for its key and headers.
+const minBatchOverhead = 64 << 10
 
 func (c *Config) validateRoutes(v *validator) {
 	if len(c.Routes) == 0 {

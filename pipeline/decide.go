@@ -39,6 +39,7 @@ func (w *worker) decideLoop() {
 			return
 		}
 		w.unreleased += len(recs)
+		w.unreleasedBytes += recordsBytes(recs)
 		var err error
 		if len(recs) == 0 {
 			if err = w.flush(); errors.Is(err, dedup.ErrUnavailable) {
@@ -457,6 +458,7 @@ func (w *worker) emit(j *job) error {
 	// The job carries the input records taken so far: they leave the
 	// budget once it is delivered.
 	j.inputs, w.unreleased = w.unreleased, 0
+	j.inBytes, w.unreleasedBytes = w.unreleasedBytes, 0
 	if w.d.transactional {
 		w.round = append(w.round, j)
 		return j.halt

@@ -30,6 +30,7 @@ type job struct {
 	halt     error    // set on the last job before a halt
 	stuck    int      // index+1 of a record refused for good with nowhere to go; 0: none
 	inputs   int      // input records taken for it (the budget's)
+	inBytes  int64    // their size (recordBytes)
 }
 
 // outRecord is a record to produce and the input record it comes from.
@@ -65,7 +66,7 @@ func (w *worker) deliverLoop() {
 // offset committed: the outcome counters, the latency, the log's pruning.
 func (w *worker) delivered(j *job) {
 	if !w.d.transactional {
-		w.d.budget.release(j.inputs)
+		w.acct.give(j.inputs, j.inBytes)
 	}
 	for o, n := range j.counts {
 		if n > 0 {

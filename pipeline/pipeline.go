@@ -44,6 +44,7 @@
 //	dam_consumer_lag{service,partition}       high watermark minus next offset
 //	dam_partitions_assigned{service}          partitions owned by this instance
 //	dam_records_in_flight                     records polled, not yet delivered (max_in_flight's bound)
+//	dam_records_in_flight_bytes               their size (max_in_flight_bytes's bound)
 //	dam_state_rows{service}                   identities with stored state
 //	dam_kafka_*                               franz-go client metrics (kprom)
 package pipeline
@@ -181,7 +182,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 	p.deps = &deps{
 		store:   store,
 		metrics: p.metrics,
-		budget:  newBudget(cfg.Pipeline.MaxInFlight),
+		budget:  newBudget(cfg.Pipeline.MaxInFlight, cfg.Pipeline.MaxInFlightBytes),
 		limits:  p.limits,
 		hook:    p.hook,
 		// Exactly-once: the round loop (transact.go) delivers.
@@ -204,6 +205,12 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		Name: "dam_records_in_flight",
 		Help: "Records polled and not yet delivered (queued, being decided, or on their way to Kafka): the memory pipeline.max_in_flight bounds.",
 	}, func() float64 { return float64(b.queued.Load()) })); err != nil {
+		return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
+	}
+	if err := p.reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "dam_records_in_flight_bytes",
+		Help: "The size of the records in flight (key, value, headers and a fixed overhead each): the memory pipeline.max_in_flight_bytes bounds.",
+	}, func() float64 { return float64(b.bytes.Load()) })); err != nil {
 		return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
 	}
 	return p, nil

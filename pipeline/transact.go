@@ -133,10 +133,11 @@ func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSess
 		}
 		fetches.EachError(p.fetchError)
 		// A round holds what it polled until it ends (dam_records_in_flight).
-		n := int64(fetches.NumRecords())
-		p.deps.budget.queued.Add(n)
+		n, size := int64(0), int64(0)
+		fetches.EachRecord(func(r *kgo.Record) { n, size = n+1, size+recordBytes(r) })
+		p.deps.budget.add(n, size)
 		err := p.round(ctx, hard, sess, fetches)
-		p.deps.budget.queued.Add(-n)
+		p.deps.budget.add(-n, -size)
 		sess.AllowRebalance()
 		switch {
 		case errors.Is(err, errProducerFenced):
@@ -301,8 +302,7 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 			}
 			if rp.jobs == nil {
 				// A replay not complete yet: held (see decideRound).
-				w.held += len(rp.recs)
-				p.deps.budget.queued.Add(int64(len(rp.recs)))
+				w.acct.take(len(rp.recs), recordsBytes(rp.recs))
 				return
 			}
 			for _, j := range rp.jobs {
@@ -716,7 +716,5 @@ func (w *worker) decideRound(recs []*kgo.Record, polled time.Time) ([]*job, erro
 // again after a new plan) and gives back what they held of the budget.
 func (w *worker) dropRound() {
 	w.round = nil
-	w.d.budget.queued.Add(-int64(w.held))
-	w.held = 0
-	w.d.budget.signal()
+	w.acct.giveAll()
 }

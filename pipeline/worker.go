@@ -66,6 +66,9 @@ type worker struct {
 	label string // partition number, for metrics
 	log   *zap.Logger
 	q     *queue
+	// acct holds the budget of the records the worker took: given back
+	// as they are delivered, and whatever is left when it ends.
+	acct *account
 
 	ctx    context.Context // canceled on a hard stop
 	cancel context.CancelFunc
@@ -84,11 +87,12 @@ type worker struct {
 	provenAt atomic.Int64
 
 	// Decider state.
-	unreleased int // records taken from the queue not yet counted in a job
-	plan       plan
-	next       int64          // P: the next offset to decide
-	pending    []*dedup.Batch // batches forwarded undecided, to write to the store first
-	digests    *canon.Batch   // the digests of the batch being classified
+	unreleased      int   // records taken from the queue not yet counted in a job
+	unreleasedBytes int64 // their size
+	plan            plan
+	next            int64          // P: the next offset to decide
+	pending         []*dedup.Batch // batches forwarded undecided, to write to the store first
+	digests         *canon.Batch   // the digests of the batch being classified
 
 	// Deliverer state.
 	committed int64 // the committed offset C as last known; -1: none
@@ -111,9 +115,9 @@ type worker struct {
 	// (the plan's start at first): a round drops records below it, which
 	// franz-go fetches again after it rewound the partition on an abort.
 	taken int64
-	// held: input records of the jobs in round kept past the end of a
-	// round (a replay not yet complete), counted in the budget.
-	held int
+	// (A replay's input records kept past the end of a round, until it
+	// is complete, stay in acct: given back by dropRound or when the
+	// worker ends.)
 	// replanning: the partition's last round did not commit; it is
 	// planned again (recovery from P and C) before it is fetched again.
 	replanning bool
@@ -129,13 +133,15 @@ type worker struct {
 func newWorker(parent context.Context, d *deps, rt *route, partition int32, r recovered, log *zap.Logger) *worker {
 	ctx, cancel := context.WithCancel(parent)
 	dctx, dcancel := context.WithCancel(ctx)
+	acct := newAccount(d.budget)
 	w := &worker{
 		d:               d,
 		rt:              rt,
 		part:            dedup.Partition{Group: d.set.group, Topic: rt.from, Partition: partition},
 		label:           strconv.Itoa(int(partition)),
 		log:             log,
-		q:               newQueue(d.budget),
+		acct:            acct,
+		q:               newQueue(acct),
 		ctx:             ctx,
 		cancel:          cancel,
 		dctx:            dctx,
@@ -187,12 +193,13 @@ func (w *worker) ended() {
 	w.cancel()
 	w.recordDelivered()
 	if !w.d.transactional {
-		n := w.unreleased
-		for j := range w.jobs { // closed by the decider; what the deliverer left
-			n += j.inputs
+		for range w.jobs { // closed by the decider: let nothing wait to send
 		}
-		w.d.budget.release(n)
 	}
+	// Everything the worker took and did not deliver, whatever stopped it:
+	// the queue, the records being decided, the jobs left undelivered or
+	// failed, a replay's held records (exactly-once).
+	w.acct.close()
 	w.d.budget.partitions.Add(-1)
 	w.d.budget.signal()
 	w.d.metrics.assigned.WithLabelValues(w.rt.service).Dec()
