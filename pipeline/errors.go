@@ -25,4 +25,9 @@ var (
 	// Kafka (the topic was recreated or truncated under dam). The partition
 	// halts rather than skip or re-read silently.
 	ErrDataLoss = errors.New("pipeline: input data loss")
+	// ErrUndecompressable: a compressed record batch of the input inflates
+	// past pipeline.max_decompressed_batch_bytes. Each of its offsets is
+	// bad input (a dead letter without key or value), or, on a route
+	// without a dead-letter topic, its partition halts at the first.
+	ErrUndecompressable = errors.New("pipeline: record batch inflates past its bound")
 )

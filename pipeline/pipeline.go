@@ -100,9 +100,11 @@ type Pipeline struct {
 	kopts   []kgo.Opt
 	metrics *metrics
 	routes  map[string]*route // by input topic
-	retry   retry.Policy
-	deps    *deps
-	limits  *batchLimits
+	// dec inflates the fetched batches within the decompression bounds.
+	dec    *boundedDecompressor
+	retry  retry.Policy
+	deps   *deps
+	limits *batchLimits
 
 	client *kgo.Client
 	// clientSet is closed once client is set: the group's callbacks run on
@@ -155,6 +157,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		limits:    &batchLimits{},
 		workers:   map[string]map[int32]*worker{},
 		retry:     retry.Policy{Min: cfg.Pipeline.RetryMin, Max: cfg.Pipeline.RetryMax},
+		dec:       newBoundedDecompressor(cfg.Pipeline.MaxDecompressedBatchBytes, cfg.Pipeline.MaxDecompressedFetchBytes),
 	}
 	for _, o := range opts {
 		o(p)
@@ -258,6 +261,8 @@ func (p *Pipeline) clientOptions() ([]kgo.Opt, error) {
 		// on top of the max_in_flight budget: franz-go's default (50 MiB)
 		// doubled peak memory and gained nothing.
 		kgo.FetchMaxBytes(fetchMaxBytes),
+		// Decompression bounded per batch and per poll (decompress.go).
+		kgo.WithDecompressor(p.dec),
 		kgo.OnPartitionsAssigned(p.onJoined),
 		kgo.AdjustFetchOffsetsFn(p.onAssigned),
 		kgo.OnPartitionsRevoked(p.onRevoked),
@@ -363,11 +368,13 @@ func (p *Pipeline) pollLoop(ctx context.Context, cl *kgo.Client) {
 		// reassigned.)
 		p.deps.budget.wait(ctx)
 		fetches := cl.PollRecords(ctx, maxPoll)
+		p.dec.polled()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			cl.AllowRebalance()
 			return
 		}
 		now := time.Now()
+		p.takeUndecompressable(cl, fetches, func(w *worker) int64 { return w.polledTo.Load() })
 		fetches.EachError(p.fetchError)
 		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
 			if len(ftp.Records) == 0 {
@@ -381,10 +388,30 @@ func (p *Pipeline) pollLoop(ctx context.Context, cl *kgo.Client) {
 			}
 			w.q.push(ftp.Records, now)
 			last := ftp.Records[len(ftp.Records)-1].Offset
+			w.polledTo.Store(last + 1)
 			p.metrics.lag.WithLabelValues(w.rt.service, w.label).Set(float64(ftp.HighWatermark - last - 1))
 		})
 		cl.AllowRebalance()
 	}
+}
+
+// takeUndecompressable turns the batches franz-go stopped at, past the
+// decompression bound, into bad input of the partitions' workers
+// (decompress.go). next is where a worker expects its next record.
+func (p *Pipeline) takeUndecompressable(cl *kgo.Client, fetches kgo.Fetches, next func(*worker) int64) {
+	takeUndecompressable(fetches, p.cfg.Pipeline.MaxDecompressedBatchBytes, p.cfg.Pipeline.MaxInFlight,
+		func(topic string, part int32) (int64, bool) {
+			w := p.worker(topic, part)
+			if w == nil {
+				return 0, false
+			}
+			return next(w), true
+		},
+		func(topic string, part int32, at kgo.EpochOffset) {
+			p.log.Error("a record batch inflates past pipeline.max_decompressed_batch_bytes: its offsets are bad input",
+				zap.String("topic", topic), zap.Int32("partition", part), zap.Int64("next_offset", at.Offset))
+			cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{topic: {part: at}})
+		})
 }
 
 // fetchError handles a fetch error of one partition. Lost input halts the
@@ -397,6 +424,9 @@ func (p *Pipeline) pollLoop(ctx context.Context, cl *kgo.Client) {
 func (p *Pipeline) fetchError(topic string, part int32, err error) {
 	if errors.Is(err, context.Canceled) {
 		return
+	}
+	if errors.Is(err, errFetchWindowFull) {
+		return // fetched again after this poll
 	}
 	var dl *kgo.ErrDataLoss
 	if errors.As(err, &dl) || errors.Is(err, kerr.UnknownTopicID) {

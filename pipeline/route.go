@@ -23,7 +23,9 @@ const (
 	HeaderDuplicate       = "dam-duplicate"        // shadow mode: "true" on a would-be duplicate
 	// HeaderValueDropped is set on a dead letter whose value (and input
 	// headers) were left out because Kafka refused the record for good: its
-	// value is the dropped value's size in bytes.
+	// value is the dropped value's size in bytes; or, "unknown", because
+	// the record's batch inflates past pipeline.max_decompressed_batch_bytes
+	// (ErrUndecompressable: nothing of the record was read).
 	HeaderValueDropped = "dam-value-dropped"
 	// HeaderKeyDropped is set on such a dead letter when the key was left
 	// out too, being longer than an identity may be
@@ -104,6 +106,10 @@ func (rt *route) classify(r *kgo.Record) (dedup.Record, error) {
 // batch's Flush, under index i.
 func (rt *route) classifyIn(r *kgo.Record, batch *canon.Batch, i int) (dedup.Record, error) {
 	rec := dedup.Record{Offset: r.Offset}
+	if err := undecompressable(r); err != nil {
+		rec.Invalid = true
+		return rec, err
+	}
 	var err error
 	rec.Entity, rec.Version, rec.Digest, err = rt.identifyIn(r, batch, i)
 	if err != nil {
@@ -191,6 +197,9 @@ func (rt *route) deadLetter(r *kgo.Record, cause error) *kgo.Record {
 		kgo.RecordHeader{Key: HeaderSourcePartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
 		kgo.RecordHeader{Key: HeaderSourceOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
 	)
+	if undecompressable(r) != nil {
+		h = append(h, kgo.RecordHeader{Key: HeaderValueDropped, Value: []byte("unknown")})
+	}
 	return &kgo.Record{Topic: rt.dlq, Key: r.Key, Value: r.Value, Headers: h, Timestamp: r.Timestamp}
 }
 

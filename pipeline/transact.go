@@ -131,6 +131,8 @@ func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSess
 			sess.AllowRebalance()
 			return nil
 		}
+		p.dec.polled()
+		p.takeUndecompressable(sess.Client(), fetches, func(w *worker) int64 { return w.taken })
 		fetches.EachError(p.fetchError)
 		// A round holds what it polled until it ends (dam_records_in_flight).
 		n, size := int64(0), int64(0)

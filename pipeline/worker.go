@@ -66,6 +66,9 @@ type worker struct {
 	label string // partition number, for metrics
 	log   *zap.Logger
 	q     *queue
+	// polledTo is the offset after the last record polled for the worker
+	// (where recovery starts it at first).
+	polledTo atomic.Int64
 	// acct holds the budget of the records the worker took: given back
 	// as they are delivered, and whatever is left when it ends.
 	acct *account
@@ -158,6 +161,7 @@ func newWorker(parent context.Context, d *deps, rt *route, partition int32, r re
 		letterRefusedAt: map[int64]error{},
 	}
 	w.knownC.Store(r.committed)
+	w.polledTo.Store(r.startAt)
 	w.proven()
 	return w
 }
