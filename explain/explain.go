@@ -43,6 +43,7 @@ type Explainer struct {
 	group    string
 	lookback int64
 	clock    func(context.Context) (time.Time, error)
+	maxBatch int
 }
 
 // Option configures an Explainer.
@@ -57,6 +58,12 @@ const DefaultLookback = 10000
 // DefaultLookback).
 func WithLookback(n int64) Option { return func(e *Explainer) { e.lookback = max(n, 0) } }
 
+// WithMaxDecompressedBatch bounds what a compressed batch of the input may
+// inflate to when a record is read (the sidecar's
+// pipeline.max_decompressed_batch_bytes; its default by default): a batch
+// past it is an error naming it.
+func WithMaxDecompressedBatch(n int) Option { return func(e *Explainer) { e.maxBatch = n } }
+
 // WithClock replaces the clock that windows and refreshes are measured on,
 // by default the database's (the sidecar's clock): to explain as of a
 // given time.
@@ -70,7 +77,8 @@ func WithClock(now func(context.Context) (time.Time, error)) Option {
 // the consumer group whose progress, decision log and committed offsets
 // Offset reads. The caller keeps kafka and closes it.
 func New(store *dedup.Store, kafka *kgo.Client, group string, opts ...Option) *Explainer {
-	e := &Explainer{store: store, kafka: kafka, group: group, lookback: DefaultLookback}
+	e := &Explainer{store: store, kafka: kafka, group: group, lookback: DefaultLookback,
+		maxBatch: config.Default().Pipeline.MaxDecompressedBatchBytes}
 	e.clock = e.dbClock
 	for _, o := range opts {
 		o(e)

@@ -78,7 +78,10 @@ func (ex *Explainer) readRange(ctx context.Context, topic string, part int32, fr
 	from = max(from, b.Start)
 	cl, err := kgo.NewClient(append(ex.kafka.Opts(),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {part: kgo.NewOffset().At(from)}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// A batch of the input is hostile: inflated within the sidecar's
+		// bound (config.Pipeline.MaxDecompressedBatchBytes), not 1 GiB.
+		kgo.MaxDecompressBatchBytes(ex.maxBatch))...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)
 	}

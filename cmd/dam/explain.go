@@ -126,7 +126,8 @@ says which.`,
 				return fmt.Errorf("kafka: %w", err)
 			}
 			defer kc.Close()
-			ex := explain.New(store, kc, cfg.Kafka.Group, explain.WithLookback(lookback))
+			ex := explain.New(store, kc, cfg.Kafka.Group, explain.WithLookback(lookback),
+				explain.WithMaxDecompressedBatch(cfg.Pipeline.MaxDecompressedBatchBytes))
 			out := cmd.OutOrStdout()
 			if byOffset {
 				res, err := ex.Offset(ctx, route, partition, offset)
