@@ -63,8 +63,6 @@ type metrics struct {
 	storeErrors   *prometheus.CounterVec
 	deliverErrors *prometheus.CounterVec
 	pollToCommit  *prometheus.HistogramVec
-	lag           *prometheus.GaugeVec
-	assigned      *prometheus.GaugeVec
 	stateRows     *prometheus.GaugeVec
 	// Window mode's cleanup.
 	windowExpired  *prometheus.CounterVec
@@ -105,14 +103,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time from polling a batch's first record to committing its offset.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 		}, []string{"service"}),
-		lag: f.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "dam_consumer_lag",
-			Help: "Records between the partition's high watermark and the next offset to decide.",
-		}, []string{"service", "partition"}),
-		assigned: f.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "dam_partitions_assigned",
-			Help: "Input partitions this instance owns.",
-		}, []string{"service"}),
 		stateRows: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dam_state_rows",
 			Help: "Identities with stored state, per service (refreshed every minute).",
@@ -146,5 +136,45 @@ func (c *haltedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 func (c *haltedCollector) Collect(ch chan<- prometheus.Metric) {
 	for svc, n := range c.p.haltedCounts() {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), svc)
+	}
+}
+
+// partitionsCollector reports, at each scrape, the partitions this
+// instance owns and their lag, from the registered workers: a partition
+// halted or paused stays assigned, and its lag keeps counting what waits
+// behind its committed offset.
+type partitionsCollector struct {
+	p             *Pipeline
+	assigned, lag *prometheus.Desc
+}
+
+func newPartitionsCollector(p *Pipeline) prometheus.Collector {
+	return &partitionsCollector{p: p,
+		assigned: prometheus.NewDesc("dam_partitions_assigned",
+			"Input partitions this instance owns, halted or paused ones included.", []string{"service"}, nil),
+		lag: prometheus.NewDesc("dam_consumer_lag",
+			"Records between the partition's end (its high watermark) and the group's committed offset: what is not delivered yet, or waits behind a halt.",
+			[]string{"service", "partition"}, nil),
+	}
+}
+
+func (c *partitionsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.assigned
+	ch <- c.lag
+}
+
+func (c *partitionsCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := make(map[string]int, len(c.p.routes))
+	for _, r := range c.p.routes {
+		counts[r.service] = 0
+	}
+	for _, w := range c.p.allWorkers() {
+		counts[w.rt.service]++
+		if lag, ok := w.lag(); ok {
+			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(lag), w.rt.service, w.label)
+		}
+	}
+	for svc, n := range counts {
+		ch <- prometheus.MustNewConstMetric(c.assigned, prometheus.GaugeValue, float64(n), svc)
 	}
 }

@@ -41,8 +41,8 @@
 //	dam_store_errors_total{service}           PostgreSQL errors (retried)
 //	dam_delivery_errors_total{service}        Kafka produce/commit errors (retried)
 //	dam_halted{service}                       partitions paused by an outage or halted
-//	dam_consumer_lag{service,partition}       high watermark minus next offset
-//	dam_partitions_assigned{service}          partitions owned by this instance
+//	dam_consumer_lag{service,partition}       high watermark minus committed offset (halted ones too)
+//	dam_partitions_assigned{service}          partitions owned by this instance, halted ones included
 //	dam_records_in_flight                     records polled, not yet delivered (max_in_flight's bound)
 //	dam_records_in_flight_bytes               their size (max_in_flight_bytes's bound)
 //	dam_state_rows{service}                   identities with stored state
@@ -178,6 +178,9 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		p.metrics.deadLetters.WithLabelValues(rt.service, outcomeRefused.String())
 		p.metrics.storeErrors.WithLabelValues(rt.service)
 		p.metrics.deliverErrors.WithLabelValues(rt.service)
+	}
+	if err := p.reg.Register(newPartitionsCollector(p)); err != nil {
+		return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
 	}
 	if err := p.reg.Register(newHaltedCollector(p)); err != nil {
 		return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
@@ -319,8 +322,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 	bgCtx, stopBg := context.WithCancel(p.base)
 	var bg sync.WaitGroup
-	bg.Add(2)
+	bg.Add(3)
 	go func() { defer bg.Done(); p.probeLoop(bgCtx) }()
+	go func() { defer bg.Done(); p.endsLoop(bgCtx) }()
 	go func() { defer bg.Done(); p.stateRowsLoop(bgCtx) }()
 	for _, rt := range p.routes {
 		if rt.rule.Mode == dedup.Window {
@@ -377,19 +381,18 @@ func (p *Pipeline) pollLoop(ctx context.Context, cl *kgo.Client) {
 		p.takeUndecompressable(cl, fetches, func(w *worker) int64 { return w.polledTo.Load() })
 		fetches.EachError(p.fetchError)
 		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
-			if len(ftp.Records) == 0 {
-				return
-			}
 			w := p.worker(ftp.Topic, ftp.Partition)
 			if w == nil {
 				// Not ours any more (revoked between fetch and poll): the
 				// next owner reads these from its committed offset.
 				return
 			}
+			w.sawEnd(ftp.HighWatermark)
+			if len(ftp.Records) == 0 {
+				return
+			}
 			w.q.push(ftp.Records, now)
-			last := ftp.Records[len(ftp.Records)-1].Offset
-			w.polledTo.Store(last + 1)
-			p.metrics.lag.WithLabelValues(w.rt.service, w.label).Set(float64(ftp.HighWatermark - last - 1))
+			w.polledTo.Store(ftp.Records[len(ftp.Records)-1].Offset + 1)
 		})
 		cl.AllowRebalance()
 	}
@@ -511,6 +514,19 @@ func stopAll(ws []*worker, finish bool, within time.Duration) {
 		go func() { defer wg.Done(); w.stop(finish, within) }()
 	}
 	wg.Wait()
+}
+
+// allWorkers returns the registered workers (every partition owned).
+func (p *Pipeline) allWorkers() []*worker {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ws []*worker
+	for _, parts := range p.workers {
+		for _, w := range parts {
+			ws = append(ws, w)
+		}
+	}
+	return ws
 }
 
 func (p *Pipeline) worker(topic string, part int32) *worker {
@@ -875,6 +891,45 @@ func (p *Pipeline) stateRowsLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// endsEvery is how often the partitions' end offsets are listed for the
+// lag of partitions that are not fetched (halted, paused).
+const endsEvery = 15 * time.Second
+
+// endsLoop lists the owned partitions' end offsets every endsEvery, so
+// that the lag of a partition nothing is fetched of (halted, paused by
+// an outage) keeps growing as records arrive. It returns when ctx ends.
+func (p *Pipeline) endsLoop(ctx context.Context) {
+	t := time.NewTicker(endsEvery)
+	defer t.Stop()
+	adm := kadm.NewClient(p.client)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ws := p.allWorkers()
+		topics := map[string]bool{}
+		for _, w := range ws {
+			topics[w.part.Topic] = true
+		}
+		if len(topics) == 0 {
+			continue
+		}
+		lctx, cancel := context.WithTimeout(ctx, endsEvery)
+		ends, err := adm.ListEndOffsets(lctx, slices.Collect(maps.Keys(topics))...)
+		cancel()
+		if err != nil {
+			continue // the probes report an unreachable broker
+		}
+		for _, w := range ws {
+			if o, ok := ends.Lookup(w.part.Topic, w.part.Partition); ok && o.Err == nil {
+				w.sawEnd(o.Offset)
+			}
 		}
 	}
 }

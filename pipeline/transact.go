@@ -243,10 +243,13 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 	polled := time.Now()
 	var parts []*roundPart
 	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
+		w := p.worker(ftp.Topic, ftp.Partition)
+		if w != nil {
+			w.sawEnd(ftp.HighWatermark)
+		}
 		if len(ftp.Records) == 0 {
 			return
 		}
-		w := p.worker(ftp.Topic, ftp.Partition)
 		if w == nil || w.health.isParked() || w.replanning {
 			// Revoked meanwhile (the transaction aborts: franz-go sees the
 			// revocation), halted, or waiting to be planned again: its
@@ -267,8 +270,6 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 			}
 		}
 		parts = append(parts, &roundPart{w: w, recs: recs})
-		last := ftp.Records[len(ftp.Records)-1].Offset
-		p.metrics.lag.WithLabelValues(w.rt.service, w.label).Set(float64(ftp.HighWatermark - last - 1))
 	})
 	if len(parts) == 0 {
 		return nil
@@ -659,6 +660,7 @@ func (p *Pipeline) replan(parent context.Context, w *worker) error {
 		return &storeError{err}
 	}
 	w.plan, w.next, w.fetchFrom, w.pending, w.taken = r.plan, r.next, r.startAt, nil, r.startAt
+	w.startAt.Store(r.startAt)
 	w.setCommitted(r.committed)
 	p.client.SetOffsets(map[string]map[int32]kgo.EpochOffset{w.part.Topic: {w.part.Partition: {Epoch: -1, Offset: r.startAt}}})
 	w.log.Info("partition planned again after an uncommitted round", zap.Int64("progress", r.next), zap.Int64("committed", r.committed),

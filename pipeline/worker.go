@@ -69,6 +69,12 @@ type worker struct {
 	// polledTo is the offset after the last record polled for the worker
 	// (where recovery starts it at first).
 	polledTo atomic.Int64
+	// end is the partition's high watermark as last seen (a fetch, or the
+	// end offsets listed for the lag); -1: not yet.
+	end atomic.Int64
+	// startAt is where recovery started the partition (fetchFrom, for
+	// the metrics' goroutine).
+	startAt atomic.Int64
 	// acct holds the budget of the records the worker took: given back
 	// as they are delivered, and whatever is left when it ends.
 	acct *account
@@ -162,8 +168,31 @@ func newWorker(parent context.Context, d *deps, rt *route, partition int32, r re
 	}
 	w.knownC.Store(r.committed)
 	w.polledTo.Store(r.startAt)
+	w.end.Store(-1)
+	w.startAt.Store(r.startAt)
 	w.proven()
 	return w
+}
+
+// sawEnd records the partition's end offset (a high watermark).
+func (w *worker) sawEnd(end int64) {
+	if end >= 0 {
+		w.end.Store(end)
+	}
+}
+
+// lag is the records between the partition's end and the committed offset
+// (where recovery started it, before any commit), once the end is known.
+func (w *worker) lag() (int64, bool) {
+	end := w.end.Load()
+	if end < 0 {
+		return 0, false
+	}
+	c := w.knownC.Load()
+	if c < 0 {
+		c = w.startAt.Load()
+	}
+	return max(end-c, 0), true
 }
 
 // setCommitted records a committed offset.
@@ -174,7 +203,6 @@ func (w *worker) setCommitted(c int64) {
 
 func (w *worker) start() {
 	w.d.budget.partitions.Add(1)
-	w.d.metrics.assigned.WithLabelValues(w.rt.service).Inc()
 	if w.d.transactional {
 		// The round loop calls the worker; nothing runs on its own.
 		close(w.jobs)
@@ -206,8 +234,6 @@ func (w *worker) ended() {
 	w.acct.close()
 	w.d.budget.partitions.Add(-1)
 	w.d.budget.signal()
-	w.d.metrics.assigned.WithLabelValues(w.rt.service).Dec()
-	w.d.metrics.lag.DeleteLabelValues(w.rt.service, w.label)
 	close(w.done)
 }
 
