@@ -1,5 +1,12 @@
 # dam's container image: a static binary on a distroless base, non-root.
 #   docker build --build-arg VERSION=$(git describe --tags --always --dirty) -t dam:dev .
+# Base images: pinned by tag only, not yet by digest. A tag can be moved
+# under a build; a digest cannot. Pin both FROM lines (and Dockerfile.release's)
+# as NAME:TAG@sha256:..., with the digest of the multi-platform index (what
+# `crane digest NAME:TAG` or `docker buildx imagetools inspect NAME:TAG`
+# prints, so that every platform resolves), taken on a machine that reaches
+# the registry: the one these files were last edited on could not, and a
+# digest that nobody read from the registry is not written here.
 # Build stage: the Go version of go.mod.
 FROM golang:1.26.8-bookworm AS build
 WORKDIR /src
@@ -12,6 +19,7 @@ ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/dam ./cmd/dam
 
 # Run stage: no shell, no package manager; CA certificates and tzdata only.
+# Not pinned by digest yet: see the top of this file.
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/dam /usr/local/bin/dam
 # Numeric, so that Kubernetes can check runAsNonRoot against the image.

@@ -6,14 +6,21 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/dam-dedup/dam/canon"
 )
 
 // Difference is the first structural difference between two values: a
 // JSON pointer and both sides, as compact JSON ("(absent)" for a member or
-// element only one side has).
+// element only one side has). All three are for display: what a terminal
+// could act on in a member name or a value (control and format
+// characters) is escaped as in JSON, a backslash in a name is doubled,
+// and each name and value is shortened past maxShown bytes, the path
+// past maxPath.
 type Difference struct {
 	Path string `json:"path"`
 	Old  string `json:"old"`
@@ -32,8 +39,12 @@ func (d Difference) String() string {
 // absent marks a side that has no value at the path.
 const absent = "(absent)"
 
-// maxShown bounds a value shown in a difference.
-const maxShown = 120
+// maxShown bounds a value or a member name shown in a difference;
+// maxPath bounds its whole path.
+const (
+	maxShown = 120
+	maxPath  = 4 * maxShown
+)
 
 // firstDifference compares old and new as h hashes them: the canonical
 // forms of their trees (members sorted by name, ignored values left out),
@@ -58,6 +69,7 @@ func firstDifference(h *canon.Hasher, oldValue, newValue []byte) (Difference, bo
 		return Difference{}, false, fmt.Errorf("new content: %w", err)
 	}
 	d, ok := treeDifference("", ot, nt)
+	d.Path = shortenTo(d.Path, maxPath)
 	return d, ok, nil
 }
 
@@ -136,25 +148,68 @@ func treeDifference(path string, a, b any) (Difference, bool) {
 	return Difference{Path: path, Old: show(a), New: show(b)}, true
 }
 
-// escapePointer escapes a member name as an RFC 6901 reference token.
+// escapePointer escapes a member name as an RFC 6901 reference token,
+// for display: escaped (printable) and shortened.
 func escapePointer(s string) string {
-	return strings.NewReplacer("~", "~0", "/", "~1").Replace(s)
+	return shorten(printable(strings.NewReplacer("~", "~0", "/", "~1").Replace(s), true))
 }
 
-// show renders a decoded value as compact JSON, shortened.
+// show renders a decoded value as compact JSON, escaped and shortened.
 func show(v any) string {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return fmt.Sprint(v)
+		return shorten(printable(fmt.Sprint(v), false))
 	}
-	return shorten(string(b))
+	return shorten(printable(string(b), false))
 }
 
-func shorten(s string) string {
-	if len(s) <= maxShown {
+// printable escapes what a terminal could act on: each rune that is not
+// printable (C0 and C1 controls, DEL, format characters such as bidi
+// overrides) as a JSON escape, \uXXXX (a surrogate pair above U+FFFF), and
+// each byte that is not UTF-8 as \xNN. With names, a backslash is doubled
+// too, so that a name's own backslashes are not read as escapes; JSON text
+// has its backslashes escaped already.
+func printable(s string, names bool) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || !strconv.IsPrint(r) || names && r == '\\' {
+			clean = false
+			break
+		}
+	}
+	if clean {
 		return s
 	}
-	cut := maxShown
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case names && r == '\\':
+			b.WriteString(`\\`)
+		case strconv.IsPrint(r):
+			b.WriteString(s[i : i+n])
+		case r > 0xFFFF:
+			r1, r2 := utf16.EncodeRune(r)
+			fmt.Fprintf(&b, `\u%04x\u%04x`, r1, r2)
+		default:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		}
+		i += n
+	}
+	return b.String()
+}
+
+func shorten(s string) string { return shortenTo(s, maxShown) }
+
+// shortenTo cuts s to at most limit bytes, at a rune's start, and says how
+// long it was.
+func shortenTo(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
 	for cut > 0 && !isRuneStart(s[cut]) {
 		cut--
 	}
@@ -171,7 +226,7 @@ func showRaw(v []byte, h *canon.Hasher) string {
 	if h.Format() == canon.FormatBytes {
 		return "hex:" + shorten(hex.EncodeToString(v))
 	}
-	return shorten(string(v))
+	return shorten(printable(string(v), false))
 }
 
 // bytesDifference reports the first differing byte of two raw values.

@@ -1,6 +1,7 @@
 package explain
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/dam-dedup/dam/canon"
@@ -34,6 +35,16 @@ func TestFirstDifference(t *testing.T) {
 		{"tombstone", h, ``, `{"a":1}`, 1, `(the whole value): (tombstone) -> {"a":1}`},
 		{"bytes", raw, "abcdef", "abcxef", 0, `byte 3: hex:646566 -> hex:786566`},
 		{"bytes shorter", raw, "abc", "ab", 0, `byte 2: hex:63 -> (ends at byte 2)`},
+		// Member names and values come from producers: what a terminal
+		// could act on is escaped, and a long name is shortened.
+		{"name with a terminal escape", h, `{"\u001b[2J":1}`, `{"\u001b[2J":2}`, 0, `/\u001b[2J: 1 -> 2`},
+		{"name with C1 and bidi controls", h, `{"a\u009b1m\u202e":1}`, `{"a\u009b1m\u202e":2}`, 0, `/a\u009b1m\u202e: 1 -> 2`},
+		{"name with a backslash", h, `{"a\\u0041":1}`, `{"a\\u0041":2}`, 0, `/a\\u0041: 1 -> 2`},
+		{"name above the BMP, not printable", h, `{"\udb40\udc01":1}`, `{"\udb40\udc01":2}`, 0, `/\udb40\udc01: 1 -> 2`},
+		{"value with C1 and bidi controls", h, `{"a":"\u009b\u202e"}`, `{"a":"x"}`, 0, `/a: "\u009b\u202e" -> "x"`},
+		{"raw value with a terminal escape", h, ``, "\x1b]0;t\x07\xff", 1, `(the whole value): (tombstone) -> \u001b]0;t\u0007\xff`},
+		{"long name", h, `{"` + strings.Repeat("n", 300) + `":1}`, `{"` + strings.Repeat("n", 300) + `":2}`, 0,
+			"/" + strings.Repeat("n", 120) + "... (300 bytes): 1 -> 2"},
 	} {
 		var o, n []byte = []byte(tc.old), []byte(tc.new)
 		switch tc.tomb {
@@ -54,6 +65,30 @@ func TestFirstDifference(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A difference's path stays bounded however deep and long the names on
+// the way are.
+func TestFirstDifferencePathBounded(t *testing.T) {
+	h, err := canon.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := strings.Repeat("m", 1000)
+	var o, n strings.Builder
+	for range 100 {
+		o.WriteString(`{"` + name + `":`)
+		n.WriteString(`{"` + name + `":`)
+	}
+	o.WriteString("1" + strings.Repeat("}", 100))
+	n.WriteString("2" + strings.Repeat("}", 100))
+	d, ok, err := firstDifference(h, []byte(o.String()), []byte(n.String()))
+	if err != nil || !ok {
+		t.Fatalf("difference: %v, %v", ok, err)
+	}
+	if len(d.String()) > 600 || !strings.HasPrefix(d.Path, "/"+strings.Repeat("m", 120)+"... (1000 bytes)/") {
+		t.Errorf("path of %d bytes: %.200q", len(d.Path), d.Path)
 	}
 }
 
@@ -84,4 +119,23 @@ func FuzzFirstDifference(f *testing.F) {
 			t.Fatalf("%q vs %q: difference %v (%v), digests equal %v", a, b, found, d, da == db)
 		}
 	})
+}
+
+// An identity is shown as text only when every rune of it is printable:
+// one a terminal could act on (a C1 control, a bidi override) or a tab
+// that breaks the columns is shown in hex.
+func TestShowEntity(t *testing.T) {
+	for in, want := range map[string]string{
+		"B-007":        "B-007",
+		"café au lait": "café au lait",
+		"a\x1b[2J":     "hex:611b5b324a",
+		"a\u009b1m":    "hex:61c29b316d",
+		"a\u202eb":     "hex:61e280ae62",
+		"a\tb":         "hex:610962",
+		"a\xff":        "hex:61ff",
+	} {
+		if got := ShowEntity([]byte(in)); got != want {
+			t.Errorf("ShowEntity(%q) = %q, want %q", in, got, want)
+		}
+	}
 }

@@ -96,10 +96,11 @@ func (e *Explainer) dbClock(ctx context.Context) (time.Time, error) {
 	return now, nil
 }
 
-// ShowEntity shows an identity as text when it is printable text, else as
-// "hex:" and its hex form.
+// ShowEntity shows an identity as text when it is printable text (UTF-8
+// whose every rune is printable: no control or format character a terminal
+// could act on, no tab), else as "hex:" and its hex form.
 func ShowEntity(e []byte) string {
-	if utf8.Valid(e) && strconv.CanBackquote(string(e)) {
+	if utf8.Valid(e) && !bytes.ContainsFunc(e, func(r rune) bool { return !strconv.IsPrint(r) }) {
 		return string(e)
 	}
 	return "hex:" + hex.EncodeToString(e)

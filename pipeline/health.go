@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -84,32 +85,65 @@ type probes struct {
 
 // Ready reports whether the pipeline is making progress: it has joined the
 // group (with or without partitions), a broker and PostgreSQL answer, and no
-// partition is paused by an outage or halted. The error (wrapping
-// ErrNotReady) says why not.
+// partition is paused by an outage or halted. The error (a *NotReadyError,
+// wrapping ErrNotReady) says why not.
 func (p *Pipeline) Ready() error {
 	p.probes.mu.Lock()
 	brokerErr, storeErr := p.probes.brokerErr, p.probes.storeErr
 	p.probes.mu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var ae *AuthError
 	switch {
 	case p.stopping:
-		return fmt.Errorf("%w: shutting down", ErrNotReady)
+		return &NotReadyError{"shutting down", fmt.Errorf("%w: shutting down", ErrNotReady)}
 	case !p.joined:
-		return fmt.Errorf("%w: consumer group not joined yet", ErrNotReady)
+		return &NotReadyError{"consumer group not joined yet", fmt.Errorf("%w: consumer group not joined yet", ErrNotReady)}
+	case errors.As(brokerErr, &ae):
+		return &NotReadyError{"kafka refuses dam (TLS or SASL)", fmt.Errorf("%w: %w", ErrNotReady, brokerErr)}
 	case brokerErr != nil:
-		return fmt.Errorf("%w: %w", ErrNotReady, brokerErr) // refused (TLS, SASL) or unreachable
+		return &NotReadyError{"kafka unreachable", fmt.Errorf("%w: %w", ErrNotReady, brokerErr)}
 	case storeErr != nil:
-		return fmt.Errorf("%w: postgres unreachable: %v", ErrNotReady, storeErr)
+		return &NotReadyError{"postgres unreachable", fmt.Errorf("%w: postgres unreachable: %v", ErrNotReady, storeErr)}
 	}
 	for t, parts := range p.workers {
 		for part, w := range parts {
 			if err := w.health.status(); err != nil {
-				return fmt.Errorf("%w: %s/%d: %w", ErrNotReady, t, part, err)
+				return &NotReadyError{fmt.Sprintf("%s/%d: %s", t, part, w.health.kind()), fmt.Errorf("%w: %s/%d: %w", ErrNotReady, t, part, err)}
 			}
 		}
 	}
 	return nil
+}
+
+// NotReadyError is Ready's error. Err, whose text it has, says why in full:
+// PostgreSQL's and Kafka's errors name hosts, users and databases, a
+// halt's names the record. Reason says only what kind of stop, and where
+// (a topic and partition): what an unauthenticated asker (/readyz) is told.
+type NotReadyError struct {
+	Reason string
+	Err    error
+}
+
+func (e *NotReadyError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err, which wraps ErrNotReady.
+func (e *NotReadyError) Unwrap() error { return e.Err }
+
+// kind names what stops a partition, in fixed words: "halted" (a halt or
+// a fence, which only a revocation lifts), "input data loss", or
+// "paused: retrying" (an outage being retried).
+func (h *partHealth) kind() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.parked != nil && errors.Is(h.parked, ErrDataLoss):
+		return "halted: input data loss"
+	case h.parked != nil:
+		return "halted"
+	default:
+		return "paused: retrying"
+	}
 }
 
 // haltedCounts returns, per service, the partitions not making progress:

@@ -117,6 +117,9 @@ says which.`,
 			if err := store.Ping(ctx); err != nil {
 				return fmt.Errorf("postgres %s: %w", config.RedactDSN(cfg.Postgres.DSN), err)
 			}
+			if err := checkSchema(ctx, store); err != nil {
+				return err
+			}
 			kopts, err := pipeline.KafkaOptions(cfg.Kafka)
 			if err != nil {
 				return usageError{err}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -126,7 +127,7 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 			return fmt.Errorf("http.listen: %w", err)
 		}
 		addr = ln.Addr().String()
-		srv = newHTTPServer(httpHandler(reg, pl), sidecarHTTP, log)
+		srv = newHTTPServer(httpHandler(reg, pl, log), sidecarHTTP, log)
 		g.Go(func() error {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("http: %w", err)
@@ -210,15 +211,41 @@ func checkKafka(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 // httpHandler serves /metrics, /healthz (the process is up) and /readyz
 // (the pipeline is making progress; 503 with the reason otherwise).
-func httpHandler(reg *prometheus.Registry, pl *pipeline.Pipeline) http.Handler {
+// /readyz is unauthenticated: it answers the reason in fixed words (what
+// kind of stop, on which partition), never the detail: PostgreSQL's and
+// Kafka's errors name hosts, users and databases. The detail is logged
+// when the reason changes (however often /readyz is asked).
+func httpHandler(reg *prometheus.Registry, pl *pipeline.Pipeline, log *zap.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	var (
+		mu   sync.Mutex
+		last string // the reason last logged; "" for ready
+	)
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := pl.Ready(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		err := pl.Ready()
+		reason := ""
+		if err != nil {
+			reason = "unknown"
+			if ne := (*pipeline.NotReadyError)(nil); errors.As(err, &ne) {
+				reason = ne.Reason
+			}
+		}
+		mu.Lock()
+		if reason != last {
+			if err != nil {
+				log.Warn("readyz: not ready", zap.String("reason", reason), zap.Error(err))
+			} else {
+				log.Info("readyz: ready")
+			}
+			last = reason
+		}
+		mu.Unlock()
+		if err != nil {
+			http.Error(w, pipeline.ErrNotReady.Error()+": "+reason+" (the log has the detail)", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))

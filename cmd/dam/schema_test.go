@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dam-dedup/dam/canon"
+	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 	"github.com/dam-dedup/dam/migrations"
@@ -99,4 +101,57 @@ func mustUps(t *testing.T) []string {
 		t.Fatal(ups, err)
 	}
 	return ups
+}
+
+// dam state and dam explain refuse a schema of another version than the
+// one the binary knows, as dam run and dam serve do, naming both versions:
+// they neither read a newer schema's tables as if they knew them nor
+// change them, and a refused reset leaves the state as it was.
+func TestSchemaVersionCheckedByStateAndExplain(t *testing.T) {
+	unsetDSN(t)
+	latest := len(mustUps(t))
+	payload := filepath.Join(t.TempDir(), "p.json")
+	if err := os.WriteFile(payload, []byte(`{"a":1}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		version int
+		want    string
+	}{
+		{"newer", latest + 6, fmt.Sprintf("schema version %d is newer than this dam knows (%d)", latest+6, latest)},
+		{"older", latest - 1, fmt.Sprintf("schema version %d is older than this dam needs (%d): run dam migrate", latest-1, latest)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dsn := pgtest.DSN(t)
+			s, err := dedup.Open(context.Background(), dsn, dedup.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			d := canon.Digest{byte(canon.SchemeJSON1), 0xab}
+			if _, err := s.Check(context.Background(), "s", []byte("e"), d); err != nil {
+				t.Fatal(err)
+			}
+			setSchemaVersion(t, dsn, tc.version)
+			path := writeRunConfig(t, dsn, "")
+			for _, args := range [][]string{
+				{"state", "get", "--dsn", dsn, "s", "e"},
+				{"state", "stats", "--dsn", dsn},
+				{"state", "reset", "--dsn", dsn, "s", "e"},
+				{"state", "reset", "--dsn", dsn, "--all", "--yes", "s"},
+				{"state", "prune", "--dsn", dsn, "--older-than", "1s", "--yes"},
+				{"explain", "--config", path, "--timeout", "5s", "s", "e"},
+				{"explain", "--config", path, "--timeout", "5s", "s", "e", payload},
+			} {
+				code, out, errOut := runDam(t, args...)
+				if code != 1 || !strings.Contains(errOut, tc.want) {
+					t.Errorf("dam %s on schema version %d: exit %d, %q %q; want exit 1 and %q", strings.Join(args[:2], " "), tc.version, code, out, errOut, tc.want)
+				}
+			}
+			if _, err := s.Get(context.Background(), "s", []byte("e")); err != nil {
+				t.Errorf("the state after the refused commands: %v", err)
+			}
+		})
+	}
 }

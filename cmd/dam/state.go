@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/explain"
 	"github.com/dam-dedup/dam/internal/progress"
+	"github.com/dam-dedup/dam/migrations"
 )
 
 func newStateCmd() *cobra.Command {
@@ -37,13 +39,42 @@ that are not text.`,
 	return cmd
 }
 
-// openStore opens the store named by the command's DSN.
+// openStore opens the store named by the command's DSN, once its schema
+// is the version this dam knows (checkSchema).
 func openStore(cmd *cobra.Command) (*dedup.Store, error) {
 	dsn, err := resolveDSN(cmd)
 	if err != nil {
 		return nil, err
 	}
-	return dedup.Open(cmd.Context(), dsn, dedup.Config{MaxConns: 2})
+	s, err := dedup.Open(cmd.Context(), dsn, dedup.Config{MaxConns: 2})
+	if err != nil {
+		return nil, err
+	}
+	if err = s.Ping(cmd.Context()); err == nil {
+		err = checkSchema(cmd.Context(), s)
+	}
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// checkSchema refuses a schema of another version than this dam knows,
+// naming both versions, as dam run and dam serve do (schemaWithRetry): a
+// newer schema's tables may not fit this dam's queries, an older one
+// lacks what they need. The commands that read or change the state never
+// migrate; it changes nothing.
+func checkSchema(ctx context.Context, s *dedup.Store) error {
+	c, err := s.Pool().Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer c.Release()
+	if err := migrations.Check(ctx, c.Conn()); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	return nil
 }
 
 // entityArgs decodes ENTITY arguments (text, or hex with --hex).

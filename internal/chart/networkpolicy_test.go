@@ -51,10 +51,38 @@ func (r policyRule) ports() []string {
 	return out
 }
 
+// egressRules lists a policy's egress rules as "peers ports", the peers
+// as CIDRs, "namespace N" or "N/dns-pod", "anywhere" without any.
+func egressRules(np networkPolicy) []string {
+	var egress []string
+	for _, r := range np.Spec.Egress {
+		to := "anywhere"
+		if len(r.To) > 0 {
+			var peers []string
+			for _, p := range r.To {
+				switch {
+				case p.IPBlock != nil:
+					peers = append(peers, p.IPBlock.CIDR)
+				case p.NamespaceSelector != nil && p.PodSelector != nil:
+					peers = append(peers, p.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"]+"/"+p.PodSelector.MatchLabels["k8s-app"])
+				case p.NamespaceSelector != nil:
+					peers = append(peers, "namespace "+p.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"])
+				default:
+					peers = append(peers, "?")
+				}
+			}
+			to = strings.Join(peers, ",")
+		}
+		egress = append(egress, to+" "+strings.Join(r.ports(), ","))
+	}
+	return egress
+}
+
 // The optional NetworkPolicy (issue 19, item 14: /metrics and /readyz are
 // unauthenticated and service.type allows LoadBalancer) selects the
 // release's pods, lets in only the selected namespaces, on the HTTP port,
-// and lets out only Kafka (the brokers' ports), PostgreSQL and DNS.
+// and lets out only Kafka (the brokers' ports), PostgreSQL and DNS, each
+// to where the values say it is.
 func TestNetworkPolicy(t *testing.T) {
 	if _, ok := mustRender(t, minimalValues)["NetworkPolicy/dam-test"]; ok {
 		t.Fatal("a NetworkPolicy by default: it is off unless enabled")
@@ -82,29 +110,11 @@ func TestNetworkPolicy(t *testing.T) {
 	if !slices.Equal(namespaces, []string{"monitoring", "observability"}) {
 		t.Errorf("ingress from namespaces %v, want monitoring and observability (full-values.yaml)", namespaces)
 	}
-	var egress []string
-	for _, r := range s.Egress {
-		to := "anywhere"
-		if len(r.To) > 0 {
-			var peers []string
-			for _, p := range r.To {
-				switch {
-				case p.IPBlock != nil:
-					peers = append(peers, p.IPBlock.CIDR)
-				case p.NamespaceSelector != nil && p.PodSelector != nil:
-					peers = append(peers, p.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"]+"/"+p.PodSelector.MatchLabels["k8s-app"])
-				default:
-					peers = append(peers, "?")
-				}
-			}
-			to = strings.Join(peers, ",")
-		}
-		egress = append(egress, to+" "+strings.Join(r.ports(), ","))
-	}
+	egress := egressRules(np)
 	want := []string{
-		"kube-system/kube-dns TCP/53,UDP/53", // DNS
-		"anywhere TCP/9093",                  // the brokers' port, from config.kafka.brokers
-		"10.20.0.0/16 TCP/5432",              // PostgreSQL, from the values
+		"kube-system/kube-dns TCP/53,UDP/53",    // DNS
+		"10.30.0.0/24,namespace kafka TCP/9093", // the brokers' port, from config.kafka.brokers, to where the values put them
+		"10.20.0.0/16 TCP/5432",                 // PostgreSQL, from the values
 	}
 	if !slices.Equal(egress, want) {
 		t.Errorf("egress\n%q\nwant\n%q", egress, want)
@@ -124,6 +134,24 @@ func TestNetworkPolicy(t *testing.T) {
 	mustRender(t, fullValues, "networkPolicy.egress.dns.enabled=false").get(t, "NetworkPolicy", "dam-test").decode(t, &np)
 	if len(np.Spec.Egress) != 2 {
 		t.Errorf("egress without DNS: %+v", np.Spec.Egress)
+	}
+}
+
+// The NetworkPolicy opens Kafka's and PostgreSQL's ports only to the
+// peers the values give: without them it is not rendered, naming the key,
+// rather than open those ports to any address.
+func TestNetworkPolicyEgressNeedsDestinations(t *testing.T) {
+	for _, key := range []string{"networkPolicy.egress.kafka.to", "networkPolicy.egress.postgres.to"} {
+		out, err := render(t, fullValues, "json:"+key+"=[]")
+		if err == nil {
+			var np networkPolicy
+			out.get(t, "NetworkPolicy", "dam-test").decode(t, &np)
+			t.Errorf("%s=[]: rendered, egress %q; want it refused", key, egressRules(np))
+			continue
+		}
+		if !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), "any address") {
+			t.Errorf("%s=[]: %v; want the key named", key, err)
+		}
 	}
 }
 

@@ -921,8 +921,8 @@ func chaosRecreated(c *chaosRun) {
 	}
 	c.recovery = time.Since(restarted)
 	c.t.Logf("every partition halted %s after the restart: /readyz %d %.300q", c.recovery.Round(time.Millisecond), code, body)
-	if !strings.Contains(body, "pipeline: input data loss: "+inTopic+"/") || !strings.Contains(body, "the topic was recreated") {
-		c.t.Errorf("/readyz: %q, want dam's data-loss error naming the recreated topic and partition", body)
+	if !strings.Contains(body, "pipeline: not ready: "+inTopic+"/") || !strings.Contains(body, ": halted: input data loss") {
+		c.t.Errorf("/readyz: %q, want the data loss named with the recreated topic and partition", body)
 	}
 	// The new records stay undelivered, and the halt holds while they come.
 	fresh.wait(2 * time.Minute)
