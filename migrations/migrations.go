@@ -48,6 +48,7 @@ import (
 	"io/fs"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
@@ -121,8 +122,14 @@ func load() ([]migration, error) {
 	return list, nil
 }
 
-// Up applies every migration not yet applied.
+// Up applies every migration not yet applied. When no schema of the
+// connection's search_path exists (a DSN's ?search_path=dam on a new
+// database), it creates the first one named there, or fails naming the
+// statement to run when the role may not.
 func Up(ctx context.Context, conn *pgx.Conn) error {
+	if err := ensureSchema(ctx, conn); err != nil {
+		return err
+	}
 	m, err := newMigrator(ctx, conn)
 	if err != nil {
 		return err
@@ -224,4 +231,44 @@ func Check(ctx context.Context, conn *pgx.Conn) error {
 		return &VersionError{Applied: applied, Latest: latest}
 	}
 	return nil
+}
+
+// ensureSchema creates the first schema of the search_path when none of
+// them exists: PostgreSQL would otherwise refuse every CREATE TABLE with
+// "no schema has been selected to create in".
+func ensureSchema(ctx context.Context, conn *pgx.Conn) error {
+	var current *string
+	var path string
+	if err := conn.QueryRow(ctx, "SELECT current_schema(), current_setting('search_path')").Scan(&current, &path); err != nil {
+		return fmt.Errorf("migrations: reading the search_path: %w", err)
+	}
+	if current != nil {
+		return nil
+	}
+	name := firstSchema(path)
+	if name == "" {
+		return fmt.Errorf("migrations: the search_path (%q) names no schema to create the tables in: set one in the DSN (?search_path=dam)", path)
+	}
+	stmt := "CREATE SCHEMA IF NOT EXISTS " + pgx.Identifier{name}.Sanitize()
+	if _, err := conn.Exec(ctx, stmt); err != nil {
+		return fmt.Errorf("migrations: the search_path's schema %q does not exist, and creating it failed: %w; "+
+			"run, as a role that may: CREATE SCHEMA %s AUTHORIZATION <dam's role>", name, err, pgx.Identifier{name}.Sanitize())
+	}
+	return nil
+}
+
+// firstSchema is the first schema a search_path names, "$user" aside.
+func firstSchema(path string) string {
+	for _, item := range strings.Split(path, ",") {
+		item = strings.TrimSpace(item)
+		if len(item) >= 2 && item[0] == '"' && item[len(item)-1] == '"' {
+			item = strings.ReplaceAll(item[1:len(item)-1], `""`, `"`)
+		} else {
+			item = strings.ToLower(item) // as PostgreSQL folds an unquoted name
+		}
+		if item != "" && item != "$user" {
+			return item
+		}
+	}
+	return ""
 }

@@ -3,8 +3,10 @@ package migrations_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -158,5 +160,32 @@ func TestCheck(t *testing.T) {
 	var ve *migrations.VersionError
 	if !errors.Is(err, migrations.ErrNewer) || !errors.As(err, &ve) || ve.Applied != migrations.Latest()+1 {
 		t.Fatalf("newer schema: %v, want ErrNewer naming version %d", err, migrations.Latest()+1)
+	}
+}
+
+// Up on a DSN whose search_path names a schema that does not exist yet
+// (docs/kubernetes.md's ?search_path=dam on a new database) creates that
+// schema and migrates into it.
+func TestUpCreatesTheSearchPathSchema(t *testing.T) {
+	base := pgtest.DSN(t)
+	name := fmt.Sprintf("dam_new_%d", time.Now().UnixNano())
+	dsn := pgtest.WithSearchPath(base, name)
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), base)
+		if err == nil {
+			conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+name+" CASCADE")
+			conn.Close(context.Background())
+		}
+	})
+	conn := connect(t, dsn)
+	if err := migrations.Up(context.Background(), conn); err != nil {
+		t.Fatalf("up on a search_path whose schema does not exist: %v", err)
+	}
+	var schema string
+	if err := conn.QueryRow(context.Background(), "SELECT current_schema()").Scan(&schema); err != nil || schema != name {
+		t.Fatalf("current_schema %q (%v), want %q", schema, err, name)
+	}
+	if n := tables(t, conn); n != 3 {
+		t.Errorf("%d of dam's tables in %s, want 3", n, name)
 	}
 }
