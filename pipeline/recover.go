@@ -368,10 +368,7 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 				j.add(w.rt.output(r, false), r, outcomeRebuilt)
 				delete(rp.owed, string(e.Entity))
 			case dedup.Invalid:
-				_, cause := w.rt.classify(r)
-				if cause == nil {
-					cause = errors.New("invalid when decided (the route's configuration changed since)")
-				}
+				cause := loggedCause(w.rt, r, e)
 				if w.rt.dlq == "" {
 					// Its dead letter can go nowhere now: halt there,
 					// as bad input does on a route without dead_letter,
@@ -425,6 +422,20 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 		}
 	}
 	return recs[i:], nil
+}
+
+// loggedCause is the cause of a dead letter the log holds: the one logged
+// with it (what the first dead letter said, be it the record's content or
+// the store's refusal of it), or, for a batch logged before the log kept
+// causes, the record's content classified again.
+func loggedCause(rt *route, r *kgo.Record, e dedup.LoggedDecision) error {
+	if e.Cause != "" {
+		return errors.New(e.Cause)
+	}
+	if _, err := rt.classify(r); err != nil {
+		return err
+	}
+	return errors.New("invalid when decided (the route's configuration changed since)")
 }
 
 // skipTo passes over the log entries below offset: their records were not
