@@ -66,6 +66,12 @@ func (s *Store) Acquire(ctx context.Context, p Partition) (Progress, error) {
 // yet, and returns the id recorded (id itself, or the one bound before: a
 // different one means the topic was recreated under the same name). It
 // fails with ErrFenced if epoch is not p's current epoch.
+//
+// Binding a progress P made without an id asserts that the topic is the
+// one P was made on: the caller must know it. (The sidecar binds such a
+// P only while Kafka holds the group's committed offset, which a deleted
+// topic takes with it; otherwise it halts the partition and leaves the
+// call to an operator.)
 func (s *Store) BindTopic(ctx context.Context, p Partition, epoch int64, id [16]byte) ([16]byte, error) {
 	var bound pgtype.UUID
 	err := s.pool.QueryRow(ctx, `UPDATE progress SET topic_id = coalesce(topic_id, $5)
