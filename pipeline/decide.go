@@ -487,10 +487,14 @@ func (w *worker) flush() error {
 				return err
 			}
 			// A record of it the store refuses: its records went out
-			// already, so none halts; the refused one is logged as the
-			// forward it was.
+			// already (but a catch-up's), so none halts; the refused one
+			// is logged as the forward it was.
+			how := apartForwarded
+			if b.NoLog {
+				how = apartCatchUp
+			}
 			var causes []error
-			if _, _, _, err := w.decideApart(b, &causes, apartForwarded, err); err != nil {
+			if _, _, _, err := w.decideApart(b, &causes, how, err); err != nil {
 				return err
 			}
 		}
