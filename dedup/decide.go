@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -45,11 +46,11 @@ const (
 	// it.
 	sqlClock = `SELECT clock_timestamp()`
 
-	sqlLog = `INSERT INTO decision_log (grp, topic, part, first_offset, end_offset, offsets, decisions, entities, logged_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+	sqlLog = `INSERT INTO decision_log (grp, topic, part, first_offset, end_offset, offsets, decisions, entities, logged_at, causes)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 		ON CONFLICT (grp, topic, part, first_offset) DO UPDATE SET end_offset = EXCLUDED.end_offset,
 			offsets = EXCLUDED.offsets, decisions = EXCLUDED.decisions, entities = EXCLUDED.entities,
-			logged_at = EXCLUDED.logged_at`
+			logged_at = EXCLUDED.logged_at, causes = EXCLUDED.causes`
 	// ON CONFLICT: a stale row at the same offset can only exist when an
 	// operator moved progress back by hand; the new decisions replace it.
 	// logged_at is the decision time, a parameter: Citus allows only
@@ -187,6 +188,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	var logOffsets []int64
 	var logDecisions []int16
 	var logEntities [][]byte
+	var logCauses []*string // nil (NULL) until an entry has a cause
 	for k := range b.Records {
 		r := &b.Records[k]
 		d, e := Invalid, r.Entity
@@ -194,12 +196,24 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 			d, e = ids.decide(int(slots[k]), r, now), entities[slots[k]] // the same bytes, packed
 		}
 		out = append(out, d)
-		switch d {
-		case Duplicate, Stale:
-		case Refresh: // the log says what to deliver, not why
-			logOffsets, logDecisions, logEntities = append(logOffsets, r.Offset), append(logDecisions, int16(Forward)), append(logEntities, e)
-		default:
+		logged := d
+		switch {
+		case d == Duplicate, d == Stale:
+			continue
+		case d == Refresh, r.Forwarded: // the log says what to deliver, not why
+			logged = Forward
+		case d == Invalid && r.Cause != "":
+			if logCauses == nil {
+				logCauses = make([]*string, len(logOffsets), cap(logOffsets))
+			}
+			c := logCause(r.Cause)
+			logCauses = append(logCauses, &c)
 			logOffsets, logDecisions, logEntities = append(logOffsets, r.Offset), append(logDecisions, int16(d)), append(logEntities, e)
+			continue
+		}
+		logOffsets, logDecisions, logEntities = append(logOffsets, r.Offset), append(logDecisions, int16(logged)), append(logEntities, e)
+		if logCauses != nil {
+			logCauses = append(logCauses, nil)
 		}
 	}
 
@@ -210,7 +224,11 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 		if logOffsets == nil { // NOT NULL columns: empty arrays, not NULL
 			logOffsets, logDecisions, logEntities = []int64{}, []int16{}, [][]byte{}
 		}
-		rt2.Queue(sqlLog, p.Group, p.Topic, p.Partition, b.Start, b.End, int8Array(logOffsets), int2Array(logDecisions), byteaArray(logEntities), now)
+		var causes any // NULL, the usual case: no entry has a cause
+		if logCauses != nil {
+			causes = logCauses
+		}
+		rt2.Queue(sqlLog, p.Group, p.Topic, p.Partition, b.Start, b.End, int8Array(logOffsets), int2Array(logDecisions), byteaArray(logEntities), now, causes)
 	}
 	var advanced int64
 	var delivered *int64
@@ -241,6 +259,20 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 		return out[:0], false, fmt.Errorf("dedup: decide: progress of %s/%d not advanced", p.Topic, p.Partition)
 	}
 	return out, false, nil
+}
+
+// logCause is c as the decision log keeps it: text (valid UTF-8, no NUL)
+// of at most MaxCauseBytes. Causes may quote input, and input is hostile.
+func logCause(c string) string {
+	c = strings.ReplaceAll(strings.ToValidUTF8(c, "\uFFFD"), "\x00", "\uFFFD")
+	if len(c) <= MaxCauseBytes {
+		return c
+	}
+	cut := MaxCauseBytes - len("…")
+	for cut > 0 && !utf8.RuneStart(c[cut]) {
+		cut--
+	}
+	return c[:cut] + "…"
 }
 
 // isRace reports an error that rolled a Decide back because of a
@@ -314,6 +346,9 @@ func validate(b *Batch) error {
 		prev = r.Offset
 		if r.Invalid {
 			continue
+		}
+		if r.Forwarded {
+			return fmt.Errorf("%w: record %d (offset %d): forwarded but not invalid", ErrInvalid, i, r.Offset)
 		}
 		if r.Digest.IsZero() {
 			return fmt.Errorf("%w: record %d (offset %d): zero digest", ErrInvalid, i, r.Offset)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/dedup"
@@ -134,6 +135,66 @@ func TestInvalidRecordsChangeNothingAndAreLogged(t *testing.T) {
 	if fmt.Sprint(entries) != fmt.Sprint(want) {
 		t.Fatalf("logged %v, want %v", entries, want)
 	}
+}
+
+// The decision log keeps each invalid entry's cause, bounded and as text
+// (valid UTF-8 without NUL, whatever the cause quotes), and none for the
+// other entries or a batch without one; a record forwarded already and
+// refused by the store is logged as a forward and changes no state.
+func TestLoggedCauses(t *testing.T) {
+	t.Parallel()
+	shapes(t, func(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
+		s := shape(newStore(t))
+		ctx := context.Background()
+		p, epoch := partition(t, s, "in")
+		long := strings.Repeat("é", dedup.MaxCauseBytes)
+		b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 0, End: 6, Records: []dedup.Record{
+			{Offset: 0, Entity: []byte("bad"), Invalid: true, Cause: "the store refuses the record: 22023"},
+			{Offset: 1, Entity: []byte("e"), Digest: digest("A")},
+			{Offset: 2, Entity: []byte("f"), Invalid: true, Forwarded: true, Cause: "ignored"},
+			{Offset: 3, Entity: []byte("bad"), Invalid: true},
+			{Offset: 4, Entity: []byte("bad"), Invalid: true, Cause: "q\x00\xff" + long},
+			{Offset: 5, Entity: []byte("e"), Digest: digest("A")},
+		}}
+		got, err := s.Decide(ctx, b, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []dedup.Decision{I, F, I, I, I, D}; !slices.Equal(got, want) {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+		if _, err := s.Decide(ctx, &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 6, End: 7,
+			Records: []dedup.Record{{Offset: 6, Entity: []byte("e"), Digest: digest("B")}}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Get(ctx, "svc", []byte("f")); !errors.Is(err, dedup.ErrNotFound) {
+			t.Fatalf("a forwarded record the store refused stored state: %v", err)
+		}
+		entries, covered, err := s.Logged(ctx, p, 0, 7)
+		if err != nil || !covered {
+			t.Fatal(covered, err)
+		}
+		if len(entries) != 6 {
+			t.Fatalf("logged %v, want 6 entries", entries)
+		}
+		cut := entries[4].Cause
+		entries[4].Cause = ""
+		want := []dedup.LoggedDecision{
+			{Offset: 0, Decision: I, Entity: []byte("bad"), Cause: "the store refuses the record: 22023"},
+			{Offset: 1, Decision: F, Entity: []byte("e")},
+			{Offset: 2, Decision: F, Entity: []byte("f")},
+			{Offset: 3, Decision: I, Entity: []byte("bad")},
+			{Offset: 4, Decision: I, Entity: []byte("bad")},
+			{Offset: 6, Decision: F, Entity: []byte("e")},
+		}
+		if fmt.Sprintf("%+v", entries) != fmt.Sprintf("%+v", want) {
+			t.Fatalf("logged %+v, want %+v", entries, want)
+		}
+		if len(cut) > dedup.MaxCauseBytes || !utf8.ValidString(cut) || strings.ContainsRune(cut, 0) ||
+			!strings.HasPrefix(cut, "q\uFFFD\uFFFDéé") || !strings.HasSuffix(cut, "é…") {
+			t.Errorf("a long cause with a NUL and invalid UTF-8 logged as %d bytes: %.40q…%q", len(cut), cut, cut[max(0, len(cut)-8):])
+		}
+	})
 }
 
 func TestLoggedAndPruneLog(t *testing.T) {
@@ -278,6 +339,8 @@ func TestDecideRejectsInvalidBatches(t *testing.T) {
 		"below start":  {Service: "s", Start: 1, End: 3, Records: []dedup.Record{r(0)}},
 		"at end":       {Service: "s", Start: 0, End: 3, Records: []dedup.Record{r(3)}},
 		"zero digest":  {Service: "s", Start: 0, End: 1, Records: []dedup.Record{{Offset: 0, Entity: []byte("e")}}},
+		"forwarded, not invalid": {Service: "s", Start: 0, End: 1, Records: []dedup.Record{{Offset: 0, Entity: []byte("e"),
+			Digest: digest("A"), Forwarded: true}}},
 	} {
 		b.Partition, b.Epoch = p, epoch
 		if _, err := s.Decide(context.Background(), b, nil); !errors.Is(err, dedup.ErrInvalid) {

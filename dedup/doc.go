@@ -29,8 +29,9 @@
 //   - progress: per consumer group partition, P (the next offset to decide,
 //     NULL until set) and the fencing epoch.
 //   - decision_log: per decided batch [first_offset, end_offset), its
-//     forwarded and invalid records, so that recovery can re-deliver the
-//     decisions between Kafka's committed offset and P.
+//     forwarded and invalid records (with each invalid one's cause), so
+//     that recovery can re-deliver the decisions between Kafka's committed
+//     offset and P.
 //
 // Guarantees:
 //

@@ -66,6 +66,12 @@ func (s *Store) Acquire(ctx context.Context, p Partition) (Progress, error) {
 // yet, and returns the id recorded (id itself, or the one bound before: a
 // different one means the topic was recreated under the same name). It
 // fails with ErrFenced if epoch is not p's current epoch.
+//
+// Binding a progress P made without an id asserts that the topic is the
+// one P was made on: the caller must know it. (The sidecar binds such a
+// P only while Kafka holds the group's committed offset, which a deleted
+// topic takes with it; otherwise it halts the partition and leaves the
+// call to an operator.)
 func (s *Store) BindTopic(ctx context.Context, p Partition, epoch int64, id [16]byte) ([16]byte, error) {
 	var bound pgtype.UUID
 	err := s.pool.QueryRow(ctx, `UPDATE progress SET topic_id = coalesce(topic_id, $5)
@@ -128,7 +134,7 @@ func (s *Store) InitProgress(ctx context.Context, p Partition, epoch, next int64
 // (an empty range is covered). Offsets of a covered range without an entry
 // were duplicates.
 func (s *Store) Logged(ctx context.Context, p Partition, from, to int64) (entries []LoggedDecision, covered bool, err error) {
-	rows, err := s.pool.Query(ctx, `SELECT first_offset, end_offset, offsets, decisions, entities FROM decision_log
+	rows, err := s.pool.Query(ctx, `SELECT first_offset, end_offset, offsets, decisions, entities, causes FROM decision_log
 		WHERE grp = $1 AND topic = $2 AND part = $3 AND end_offset > $4 AND first_offset < $5
 		ORDER BY first_offset`, p.Group, p.Topic, p.Partition, from, to)
 	if err != nil {
@@ -139,16 +145,21 @@ func (s *Store) Logged(ctx context.Context, p Partition, from, to int64) (entrie
 	var offsets []int64
 	var decisions []int16
 	var ents [][]byte
-	_, err = pgx.ForEachRow(rows, []any{&first, &end, &offsets, &decisions, &ents}, func() error {
+	var causes []*string
+	_, err = pgx.ForEachRow(rows, []any{&first, &end, &offsets, &decisions, &ents, &causes}, func() error {
 		if first <= reached && end > reached {
 			reached = end
 		}
-		if len(offsets) != len(decisions) || len(offsets) != len(ents) {
+		if len(offsets) != len(decisions) || len(offsets) != len(ents) || (causes != nil && len(causes) != len(offsets)) {
 			return errors.New("decision_log row with arrays of different lengths")
 		}
 		for i, o := range offsets {
 			if o >= from && o < to {
-				entries = append(entries, LoggedDecision{Offset: o, Decision: Decision(decisions[i]), Entity: ents[i]})
+				e := LoggedDecision{Offset: o, Decision: Decision(decisions[i]), Entity: ents[i]}
+				if causes != nil && causes[i] != nil {
+					e.Cause = *causes[i]
+				}
+				entries = append(entries, e)
 			}
 		}
 		return nil

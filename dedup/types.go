@@ -126,6 +126,18 @@ type Record struct {
 	// is logged (so recovery re-delivers its dead letter) but changes no
 	// state.
 	Invalid bool
+	// Cause says why an Invalid record is invalid (the error its dead
+	// letter names). The decision log keeps it, cut to MaxCauseBytes, so
+	// that recovery names the same cause (LoggedDecision.Cause) even when
+	// the record alone no longer shows it. Ignored unless Invalid.
+	Cause string
+	// Forwarded, with Invalid, marks a record the caller delivered
+	// already, undecided (while the store was down), and that the store
+	// now refuses: it changes no state, as an invalid record, but is
+	// logged as Forward, what it was, so that recovery delivers it again
+	// as a forward and never as a dead letter. Decide returns Invalid for
+	// it.
+	Forwarded bool
 }
 
 // Batch is a run of consecutive records of one partition, decided in one
@@ -173,4 +185,12 @@ type LoggedDecision struct {
 	Offset   int64
 	Decision Decision // Forward or Invalid
 	Entity   []byte   // for Forward
+	// Cause is the Record.Cause of an Invalid entry, as logged; empty when
+	// none was given, or the batch was logged before the log kept causes
+	// (schema version 8).
+	Cause string
 }
+
+// MaxCauseBytes bounds a cause the decision log keeps (Record.Cause): a
+// longer one is cut on a character boundary, marked with "…".
+const MaxCauseBytes = 1024

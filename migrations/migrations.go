@@ -25,9 +25,10 @@
 //     mode's highest version forwarded per identity. Indexed on (service,
 //     entity).
 //   - decision_log(grp, topic, part, first_offset, end_offset, offsets,
-//     decisions, entities, logged_at), primary key (grp, topic, part,
-//     first_offset): one row per decided batch with its forwarded and
-//     invalid records, used by recovery to re-deliver [C, P).
+//     decisions, entities, logged_at, causes), primary key (grp, topic,
+//     part, first_offset): one row per decided batch with its forwarded and
+//     invalid records (and each invalid one's cause, migration 008), used
+//     by recovery to re-deliver [C, P).
 //   - dam_schema_version(version): the applied migration version (tern).
 //
 // On a database with the citus extension (distributed PostgreSQL),

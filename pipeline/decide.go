@@ -158,7 +158,11 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		// input and the partition goes on.
 		var n int
 		var stop error
-		decisions, n, stop, err = w.decideApart(b, &causes, catchUp, err)
+		how := apartLetter
+		if catchUp {
+			how = apartCatchUp
+		}
+		decisions, n, stop, err = w.decideApart(b, &causes, how, err)
 		if err == nil && n < len(recs) {
 			if n == 0 {
 				return stop
@@ -222,16 +226,44 @@ func (w *worker) forward(slab *[]kgo.Record, r *kgo.Record, duplicate bool) *kgo
 	return out
 }
 
+// apart is what decideApart makes of a record the store refuses.
+type apart uint8
+
+const (
+	// apartLetter: bad input, dead-lettered with the store's error as its
+	// cause; on a route without a dead-letter topic the partition halts
+	// at it.
+	apartLetter apart = iota
+	// apartCatchUp: a catch-up, which delivers nothing: marked invalid,
+	// no halt.
+	apartCatchUp
+	// apartForwarded: the batch went out already, forwarded undecided
+	// (flush): the record is logged as what it was, a forward, and its
+	// entity's state is reset; no halt.
+	apartForwarded
+)
+
 // decideApart decides b's records one at a time, each in a transaction
 // of its own, after b as a whole failed with an error the store may have
 // because of a record (first, dedup.RecordError). A record the store
-// refuses alone, and accepts decided as invalid, is bad input: marked
-// invalid with the store's error as its cause (a dead letter). On a route
-// without a dead-letter topic the partition halts at it, unless noHalt (a
-// catch-up, or records forwarded undecided already): n is then the number
-// of records decided before it, b.End their end, and halt says why. Any
-// other error is returned as err.
-func (w *worker) decideApart(b *dedup.Batch, causes *[]error, noHalt bool, first error) (decisions []dedup.Decision, n int, halt error, err error) {
+// refuses alone is decided again as invalid (it changes no state), and
+// how says what it is then:
+//   - apartLetter: bad input, its dead letter's cause the store's error,
+//     kept in the decision log for a recovery to name it again. On a route
+//     without a dead-letter topic the partition halts at it instead: n is
+//     then the number of records decided before it, b.End their end, and
+//     halt says why.
+//   - apartCatchUp: nothing more (nothing is delivered or logged).
+//   - apartForwarded: it went out as a forward: logged as one
+//     (dedup.Record.Forwarded), so that a recovery delivers it again as a
+//     forward, never as a dead letter (which, without a dead-letter topic,
+//     would halt the partition on a record that was never bad input). Its
+//     entity's state is reset first: the state cannot hold what the
+//     adapter received, so the entity's next record is forwarded whatever
+//     it holds (a possible duplicate, never a loss).
+//
+// Any other error is returned as err.
+func (w *worker) decideApart(b *dedup.Batch, causes *[]error, how apart, first error) (decisions []dedup.Decision, n int, halt error, err error) {
 	w.log.Warn("the store refuses a batch: deciding its records one by one to find the one it refuses",
 		zap.Int64("offset", b.Start), zap.Int("records", len(b.Records)), zap.String("error", boundDetail(first.Error())))
 	next := b.Start
@@ -250,16 +282,27 @@ func (w *worker) decideApart(b *dedup.Batch, causes *[]error, noHalt bool, first
 		}
 		d, err := decideOne()
 		if err != nil && !r.Invalid && dedup.RecordError(err) {
-			if w.rt.dlq == "" && !noHalt {
+			if how == apartLetter && w.rt.dlq == "" {
 				b.End = next
 				return decisions, i, fmt.Errorf("%w: %s/%d offset %d: the store refuses the record: %s (route %s has no dead_letter topic)",
 					ErrHalted, w.part.Topic, w.part.Partition, r.Offset, boundDetail(err.Error()), w.rt.service), nil
 			}
-			if *causes == nil {
-				*causes = make([]error, len(b.Records))
-			}
-			(*causes)[i] = fmt.Errorf("the store refuses the record: %w", err)
+			cause := fmt.Errorf("the store refuses the record: %w", err)
 			r.Invalid = true
+			if how == apartForwarded {
+				w.log.Warn("the store refuses a record forwarded undecided: logged as forwarded, its entity's state reset",
+					zap.Int64("offset", r.Offset), zap.String("error", boundDetail(cause.Error())))
+				r.Forwarded = true
+				if err := w.resetEntity(r.Entity); err != nil {
+					return nil, 0, nil, err
+				}
+			} else {
+				if *causes == nil {
+					*causes = make([]error, len(b.Records))
+				}
+				(*causes)[i] = cause
+				r.Cause = boundDetail(cause.Error())
+			}
 			d, err = decideOne()
 		}
 		if err != nil {
@@ -269,6 +312,16 @@ func (w *worker) decideApart(b *dedup.Batch, causes *[]error, noHalt bool, first
 		next = end
 	}
 	return decisions, len(b.Records), nil, nil
+}
+
+// resetEntity deletes the stored state of one entity of the route.
+func (w *worker) resetEntity(entity []byte) error {
+	_, err := retryStep(w, sideDecide, "resetting an entity", w.d.metrics.storeErrors, storeOp(func() (int64, error) {
+		ctx, cancel := w.storeCtx(w.decideCtx())
+		defer cancel()
+		return w.d.store.Reset(ctx, w.rt.service, entity)
+	}))
+	return err
 }
 
 // decide runs b's transaction until its outcome is known.
@@ -435,9 +488,14 @@ func (w *worker) flush() error {
 				return err
 			}
 			// A record of it the store refuses: its records went out
-			// already, so none halts; the refused one is logged invalid.
+			// already (but a catch-up's), so none halts; the refused one
+			// is logged as the forward it was.
+			how := apartForwarded
+			if b.NoLog {
+				how = apartCatchUp
+			}
 			var causes []error
-			if _, _, _, err := w.decideApart(b, &causes, true, err); err != nil {
+			if _, _, _, err := w.decideApart(b, &causes, how, err); err != nil {
 				return err
 			}
 		}

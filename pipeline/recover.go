@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -113,8 +114,10 @@ func (p *Pipeline) readInput(ctx context.Context, topic string) (inputInfo, erro
 // the topic recreated under the same name (its id is not the one the
 // progress was made on), or truncated (P is past its end). DESIGN §2: never
 // skip silently, never read a new topic's records against the old one's
-// progress. A progress without a topic id gets the current one.
-func (p *Pipeline) checkInput(ctx context.Context, dp dedup.Partition, prog dedup.Progress, in inputInfo) error {
+// progress. A progress without a topic id gets the current one, unless
+// dam cannot tell the topic from a new one (below). hasC: Kafka holds a
+// committed offset of the group for the partition.
+func (p *Pipeline) checkInput(ctx context.Context, dp dedup.Partition, prog dedup.Progress, in inputInfo, hasC bool) error {
 	var zero [16]byte
 	lost := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s/%d: %s; the partition halts: to go on, reset its progress and the group's offset deliberately (see docs/delivery.md, the input recreated)",
@@ -128,6 +131,18 @@ func (p *Pipeline) checkInput(ctx context.Context, dp dedup.Partition, prog dedu
 	}
 	if in.id == zero || prog.TopicID != zero {
 		return nil
+	}
+	if prog.HasNext && !hasC {
+		// P was set by a dam from before topic ids were recorded (or by
+		// hand), and the group has no committed offset. Kafka deletes a
+		// topic's committed offsets with it, so this is what a topic
+		// recreated while dam was stopped looks like; its end alone
+		// does not tell (the new topic may hold as many records as the
+		// old). Bound now, its offsets below P would be skipped. Offsets
+		// that expired look the same: the operator tells which.
+		q := func(s string) string { return strings.ReplaceAll(s, "'", "''") }
+		return fmt.Errorf("%w: %s/%d: dam's progress (offset %d) was recorded without the topic's id, and the group has no committed offset: the topic may have been recreated (Kafka deletes a topic's committed offsets with it), which would skip the new topic's offsets below %d; the partition halts. If the topic was not recreated (the group's offsets expired), record its id and restart: UPDATE progress SET topic_id = '%s' WHERE grp = '%s' AND topic = '%s' AND part = %d; if it was, reset the partition (see docs/delivery.md, the input recreated)",
+			ErrDataLoss, dp.Topic, dp.Partition, prog.Next, prog.Next, uuidString(in.id), q(dp.Group), q(dp.Topic), dp.Partition)
 	}
 	bound, err := p.store.BindTopic(ctx, dp, prog.Epoch, in.id)
 	if err != nil {
@@ -191,7 +206,7 @@ func (p *Pipeline) recoverPartitions(ctx context.Context, rt *route, parts []int
 		r, err := retry.Do(ctx, p.retry, notify("planning"), func() (recovered, error) {
 			ctx, cancel := context.WithTimeout(ctx, p.deps.set.storeTimeout)
 			defer cancel()
-			if err := p.checkInput(ctx, dp, prog, input); err != nil {
+			if err := p.checkInput(ctx, dp, prog, input, hasC); err != nil {
 				if errors.Is(err, ErrDataLoss) {
 					return recovered{epoch: prog.Epoch, next: prog.Next, committed: -1, halt: err,
 						start: kgo.NewOffset().At(prog.Next), startAt: prog.Next}, nil
@@ -368,10 +383,7 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 				j.add(w.rt.output(r, false), r, outcomeRebuilt)
 				delete(rp.owed, string(e.Entity))
 			case dedup.Invalid:
-				_, cause := w.rt.classify(r)
-				if cause == nil {
-					cause = errors.New("invalid when decided (the route's configuration changed since)")
-				}
+				cause := loggedCause(w.rt, r, e)
 				if w.rt.dlq == "" {
 					// Its dead letter can go nowhere now: halt there,
 					// as bad input does on a route without dead_letter,
@@ -425,6 +437,20 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 		}
 	}
 	return recs[i:], nil
+}
+
+// loggedCause is the cause of a dead letter the log holds: the one logged
+// with it (what the first dead letter said, be it the record's content or
+// the store's refusal of it), or, for a batch logged before the log kept
+// causes, the record's content classified again.
+func loggedCause(rt *route, r *kgo.Record, e dedup.LoggedDecision) error {
+	if e.Cause != "" {
+		return errors.New(e.Cause)
+	}
+	if _, err := rt.classify(r); err != nil {
+		return err
+	}
+	return errors.New("invalid when decided (the route's configuration changed since)")
 }
 
 // skipTo passes over the log entries below offset: their records were not

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -279,9 +280,10 @@ func TestLostCommitReplyDuringOutage(t *testing.T) {
 // stopped halts the partition at recovery with an error naming it, in both
 // delivery modes: whether the new topic has fewer records than dam's
 // progress (its end is below P) or more (only its id tells), and with a
-// progress from before dam recorded topic ids. (dam logged "skipping
-// records below the decided progress" and never delivered the new
-// records.)
+// progress from before dam recorded topic ids: then Kafka's committed
+// offset, deleted with the old topic, is missing too, and dam cannot tell
+// a new topic from the old one, so it does not bind the new one's id to
+// the old progress (skipping [0, P) of it) but halts.
 func TestInputRecreatedWhileStoppedHalts(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -289,7 +291,7 @@ func TestInputRecreatedWhileStoppedHalts(t *testing.T) {
 			name    string
 			newRecs int
 			noID    bool
-		}{{"shorter", 3, false}, {"longer", 8, false}, {"shorter, no topic id recorded", 3, true}} {
+		}{{"shorter", 3, false}, {"longer", 8, false}, {"shorter, no topic id recorded", 3, true}, {"longer, no topic id recorded", 8, true}} {
 			t.Run(delivery+" "+c.name, func(t *testing.T) {
 				t.Parallel()
 				kc := testkafka.New(t, 1, "in", "out")
@@ -343,6 +345,56 @@ func TestInputRecreatedWhileStoppedHalts(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A progress recorded without the topic's id, and no committed offset in
+// Kafka, is what a topic recreated under a stopped dam from before topic
+// ids were recorded looks like, and also what expired offsets look like:
+// the partition halts with an error giving the statement that records the
+// topic's id. Run once the operator knows the topic is the same, it lets
+// the partition go on from P, nothing skipped or delivered twice.
+func TestUnboundProgressWithoutOffsetsHaltsUntilBound(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	dsn := pgtest.DSN(t)
+	cfg := testConfig(t, kc, dsn, route("svc", "in", "out"))
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	one(t, kc, "in", rec("a", `1`), rec("b", `1`), rec("c", `1`))
+	waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 3)
+	r.stop()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := store.Pool().Exec(ctx, `UPDATE progress SET topic_id = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kadm.NewClient(kc.Client()).DeleteGroup(ctx, cfg.Kafka.Group); err != nil {
+		t.Fatal(err)
+	}
+	r = start(t, cfg, store)
+	var err error
+	waitFor(t, "the partition halted", func() (bool, string) {
+		err = r.pl.Ready()
+		return errors.Is(err, pipeline.ErrDataLoss), fmt.Sprint(err)
+	})
+	r.stop()
+	bind := regexp.MustCompile(`UPDATE progress SET topic_id = '[0-9a-f-]{36}' WHERE grp = '[^']+' AND topic = 'in' AND part = 0`).FindString(err.Error())
+	if bind == "" || !strings.Contains(err.Error(), "in/0") {
+		t.Fatalf("Ready: %v; want the partition named and the statement that binds the topic", err)
+	}
+	if _, err := store.Pool().Exec(ctx, bind); err != nil {
+		t.Fatalf("%s: %v", bind, err)
+	}
+
+	r = start(t, cfg, store)
+	one(t, kc, "in", rec("d", `1`))
+	waitModel(t, kc, "out", map[string][]string{"a": {"1"}, "b": {"1"}, "c": {"1"}, "d": {"1"}})
+	waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 4)
+	r.stop()
+	if out := kc.ReadAll("out"); len(out) != 4 {
+		t.Errorf("delivered %s, want each record once", dump(out))
 	}
 }
 

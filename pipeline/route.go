@@ -103,7 +103,8 @@ func (rt *route) classify(r *kgo.Record) (dedup.Record, error) {
 }
 
 // classifyIn is classify with identifyIn's batch: the digest comes from
-// batch's Flush, under index i.
+// batch's Flush, under index i. A bad record's Cause is what its dead
+// letter says (dam-error), for the decision log to keep.
 func (rt *route) classifyIn(r *kgo.Record, batch *canon.Batch, i int) (dedup.Record, error) {
 	rec := dedup.Record{Offset: r.Offset}
 	if err := undecompressable(r); err != nil {
@@ -113,7 +114,7 @@ func (rt *route) classifyIn(r *kgo.Record, batch *canon.Batch, i int) (dedup.Rec
 	var err error
 	rec.Entity, rec.Version, rec.Digest, err = rt.identifyIn(r, batch, i)
 	if err != nil {
-		rec.Invalid = true
+		rec.Invalid, rec.Cause = true, boundDetail(err.Error())
 		return rec, err
 	}
 	return rec, nil

@@ -1,0 +1,1 @@
+ALTER TABLE decision_log DROP COLUMN causes;
