@@ -6,7 +6,13 @@
 // all problems at once, joined with errors.Join, in a stable order.
 package config
 
-import "time"
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
 
 // Config is the whole configuration of one dam process.
 type Config struct {
@@ -382,3 +388,43 @@ func (r Route) IDSource() EntitySource { return r.idFrom }
 // VersionSource returns the parsed VersionFrom of a version-mode route (a
 // header or a pointer). It is valid only after Config.Validate succeeded.
 func (r Route) VersionSource() EntitySource { return r.versionFrom }
+
+// Services returns the services the configuration names, sorted: every
+// route's, and every one a serve token allows ("*" aside).
+func (c Config) Services() []string {
+	var out []string
+	for _, r := range c.Routes {
+		out = append(out, r.Service)
+	}
+	for _, t := range c.Serve.Tokens {
+		for _, s := range t.Services {
+			if s != AnyService {
+				out = append(out, s)
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// CheckService returns an error wrapping ErrUnknownService, naming the
+// known services, when no route and no serve token names service: a typo
+// would otherwise read or change state no route decides with.
+func (c Config) CheckService(service string) error {
+	known := c.Services()
+	if _, ok := slices.BinarySearch(known, service); ok {
+		return nil
+	}
+	return fmt.Errorf("%w %q: the configuration knows %s", ErrUnknownService, service, strings.Join(quoteAll(known), ", "))
+}
+
+func quoteAll(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = strconv.Quote(s)
+	}
+	if len(out) == 0 {
+		return []string{"no service"}
+	}
+	return out
+}

@@ -664,3 +664,21 @@ func TestParseEntity(t *testing.T) {
 		}
 	}
 }
+
+// CheckService accepts the services routes and serve tokens name, and
+// refuses any other naming them all: a typo in an operator's command
+// must not act on a service nothing decides.
+func TestCheckService(t *testing.T) {
+	c := Default()
+	c.Routes = []Route{{Service: "emails"}, {Service: "sms"}}
+	c.Serve.Tokens = []ServeToken{{Services: []string{"push", AnyService}}}
+	for _, s := range []string{"emails", "sms", "push"} {
+		if err := c.CheckService(s); err != nil {
+			t.Errorf("%s: %v", s, err)
+		}
+	}
+	err := c.CheckService("emial")
+	if !errors.Is(err, ErrUnknownService) || !strings.Contains(err.Error(), `"emails", "push", "sms"`) {
+		t.Errorf("unknown service: %v", err)
+	}
+}

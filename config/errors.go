@@ -40,3 +40,7 @@ var (
 	// ErrNotSupported: a value reserved by the design but not built yet.
 	ErrNotSupported = errors.New("not supported yet")
 )
+
+// ErrUnknownService is wrapped by Config.CheckService for a service that
+// no route and no serve token names.
+var ErrUnknownService = errors.New("config: unknown service")

@@ -125,6 +125,9 @@ func newStateGetCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := checkService(cmd, args[0]); err != nil {
+				return err
+			}
 			s, err := openStore(cmd)
 			if err != nil {
 				return err
@@ -212,6 +215,9 @@ stderr (a bar on a terminal, plain lines otherwise).`,
 				return usagef("reset: give ENTITY arguments or --entities-from FILE, or --all --yes to reset the whole service %q", service)
 			case batch <= 0:
 				return usagef("reset: --batch must be positive")
+			}
+			if err := checkService(cmd, service); err != nil {
+				return err
 			}
 			entities, err := entityArgs(cmd, args[1:])
 			if err != nil {
@@ -324,6 +330,11 @@ its progress on stderr (a bar on a terminal, plain lines otherwise).`,
 			}
 			if windowBatch <= 0 {
 				return usagef("prune: --window-batch must be positive")
+			}
+			if service != "" {
+				if err := checkService(cmd, service); err != nil {
+					return err
+				}
 			}
 			if olderThan > 0 && service == "" && !yes {
 				return usagef("prune: --older-than %s without --service forgets the state of every service not forwarded for that long: add --yes to confirm, or name one with --service", olderThan)
