@@ -682,3 +682,23 @@ func TestCheckService(t *testing.T) {
 		t.Errorf("unknown service: %v", err)
 	}
 }
+
+// A URL DSN with a mistyped scheme is an error naming the key and the
+// scheme, not pgx's "cannot parse" with the DSN half redacted.
+func TestDSNSchemeTypo(t *testing.T) {
+	c := Default()
+	c.Kafka.Brokers, c.Kafka.Group = []string{"localhost:9092"}, "g"
+	c.Routes = []Route{DefaultRoute()}
+	c.Routes[0].Service, c.Routes[0].From, c.Routes[0].To = "a", "in", "out"
+	c.Postgres.DSN = "postgress://dam:secret@db/dam"
+	err := c.Validate()
+	if err == nil || !strings.Contains(err.Error(), `postgres.dsn: unknown scheme "postgress"`) || strings.Contains(err.Error(), "secret") {
+		t.Errorf("validate: %v", err)
+	}
+	for _, ok := range []string{"postgres://dam@db/dam", "postgresql://dam@db/dam", "host=db user=dam dbname=dam"} {
+		c.Postgres.DSN = ok
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+}

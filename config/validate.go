@@ -138,6 +138,10 @@ func (c *Config) validate() []*Error {
 
 	p := &c.Postgres
 	v.required("postgres.dsn", p.DSN == "")
+	if scheme, _, ok := strings.Cut(p.DSN, "://"); ok && scheme != "postgres" && scheme != "postgresql" && !strings.ContainsAny(scheme, " =") {
+		// pgx would say only "cannot parse" with the DSN half redacted.
+		v.addf("postgres.dsn", "unknown scheme %q: a URL DSN starts with postgres:// or postgresql://", boundScheme(scheme))
+	}
 	if p.MaxConns <= 0 {
 		v.addf("postgres.max_conns", "must be positive, got %d", p.MaxConns)
 	}
@@ -376,4 +380,13 @@ func (v *validator) compression(cs *Codecs) {
 			seen[c] = i
 		}
 	}
+}
+
+// boundScheme cuts a mistyped scheme for an error message: the DSN is a
+// secret, and only its scheme is quoted.
+func boundScheme(s string) string {
+	if len(s) > 20 || strings.ContainsAny(s, "@:/") {
+		return s[:min(len(s), 20)] + "…"
+	}
+	return s
 }

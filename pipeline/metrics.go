@@ -105,7 +105,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"service"}),
 		stateRows: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dam_state_rows",
-			Help: "Identities with stored state, per service (refreshed every minute).",
+			Help: "Identities with stored state, per service (counted every minute; every 5 s while under 10,000).",
 		}, []string{"service"}),
 		windowExpired: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dam_window_expired_total",

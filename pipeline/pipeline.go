@@ -332,8 +332,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			go func() { defer bg.Done(); p.cleanupLoop(bgCtx, rt) }()
 		}
 	}
-	p.log.Info("consuming", zap.String("group", p.cfg.Kafka.Group), zap.Int("routes", len(p.routes)),
-		zap.String("delivery", p.cfg.Kafka.Delivery), zap.String("sha256_lanes", canon.Lanes()))
+	// (The group is in the logger's context already: cmd/dam adds it.)
+	p.log.Info("consuming", zap.Int("routes", len(p.routes)),
+		zap.String("delivery", p.cfg.Kafka.Delivery), zap.String("sha256", sha256Path()))
 
 	var runErr error
 	if sess != nil {
@@ -868,23 +869,37 @@ func (p *Pipeline) checkPreserve(ctx context.Context, adm *kadm.Client) error {
 	return nil
 }
 
-// stateRowsEvery is the refresh interval of dam_state_rows.
-const stateRowsEvery = time.Minute
+// stateRowsEvery is the refresh interval of dam_state_rows; a service of
+// fewer than stateRowsSmall rows, cheap to count, is counted every
+// stateRowsSmallEvery, so that a new service's first rows show at once.
+const (
+	stateRowsEvery      = time.Minute
+	stateRowsSmall      = 10000
+	stateRowsSmallEvery = 5 * time.Second
+)
 
-// stateRowsLoop refreshes dam_state_rows every stateRowsEvery, counting
-// only this instance's services (every replica of every adapter's dam runs
-// it, so it must not read the whole table).
+// stateRowsLoop refreshes dam_state_rows, counting only this instance's
+// services (every replica of every adapter's dam runs it, so it must not
+// read the whole table).
 func (p *Pipeline) stateRowsLoop(ctx context.Context) {
-	services := map[string]struct{}{}
-	for _, r := range p.routes {
-		services[r.service] = struct{}{}
+	type counted struct {
+		at   time.Time
+		rows int64
 	}
-	t := time.NewTicker(stateRowsEvery)
+	services := map[string]counted{}
+	for _, r := range p.routes {
+		services[r.service] = counted{}
+	}
+	t := time.NewTicker(stateRowsSmallEvery)
 	defer t.Stop()
 	for {
-		for service := range services {
+		for service, c := range services {
+			if time.Since(c.at) < stateRowsEvery && (c.rows >= stateRowsSmall || time.Since(c.at) < stateRowsSmallEvery) {
+				continue
+			}
 			if n, err := p.store.Count(ctx, service); err == nil {
 				p.metrics.stateRows.WithLabelValues(service).Set(float64(n))
+				services[service] = counted{at: time.Now(), rows: n}
 			}
 		}
 		select {
@@ -932,4 +947,14 @@ func (p *Pipeline) endsLoop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// sha256Path says, for the start-up log, how this CPU hashes a batch's
+// values (canon.Lanes): in vector lanes where the CPU lacks SHA
+// extensions, else one at a time with crypto/sha256.
+func sha256Path() string {
+	if l := canon.Lanes(); l != "off" {
+		return "8 values at a time in " + l + " vector lanes (this CPU has no SHA extensions)"
+	}
+	return "crypto/sha256, one value at a time"
 }

@@ -57,9 +57,18 @@ flight, commits, leaves the group and exits 0.`,
 
 // newLogger builds the process logger from log.level and log.format.
 func newLogger(c config.Log) (*zap.Logger, error) {
+	zc, err := loggerConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	return zc.Build()
+}
+
+// loggerConfig is newLogger's zap configuration.
+func loggerConfig(c config.Log) (zap.Config, error) {
 	level, err := zapcore.ParseLevel(c.Level)
 	if err != nil {
-		return nil, fmt.Errorf("log.level: %w", err)
+		return zap.Config{}, fmt.Errorf("log.level: %w", err)
 	}
 	zc := zap.NewProductionConfig()
 	if c.Format == "console" {
@@ -68,7 +77,10 @@ func newLogger(c config.Log) (*zap.Logger, error) {
 	}
 	zc.Level = zap.NewAtomicLevelAt(level)
 	zc.DisableStacktrace = true
-	return zc.Build()
+	// ISO 8601 (with milliseconds and the zone), not an epoch float:
+	// what people and log stores read.
+	zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	return zc, nil
 }
 
 // sidecarHooks lets the demo observe a running sidecar.
