@@ -100,8 +100,7 @@ type Server struct {
 	hashers  map[string]*canon.Hasher // by service, from the routes
 	fallback *canon.Hasher            // canon's defaults
 	tokens   []token
-	deciders int // combining deciders: postgres.max_conns
-	room     *room
+	deciders int           // combining deciders: postgres.max_conns
 	certs    *certReloader // nil without serve.tls
 	ready    readiness
 	timeouts timeouts
@@ -119,6 +118,7 @@ type token struct {
 	any      bool
 	services map[string]bool
 	key      string // the configuration key it came from, for logs
+	room     *room  // its share of the bodies in flight
 }
 
 // New builds the service from the configuration's serve section and
@@ -146,7 +146,6 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 	}
 	s.metrics = newMetrics(s.reg, services)
 	s.ready = readiness{store: store, log: s.log}
-	s.room = newRoom(int64(cfg.Serve.MaxInFlightBytes), s.metrics.bodyBytes.Set)
 	s.timeouts = newTimeouts(cfg.Serve.RequestTimeout)
 	var err error
 	if t := cfg.Serve.TLS; t.Enabled() {
@@ -175,8 +174,10 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 	if len(resolved) == 0 {
 		return nil, fmt.Errorf("serve.tokens: %w: at least one token (or set %sSERVE_TOKEN)", config.ErrRequired, config.EnvPrefix)
 	}
+	share := tokenShare(cfg.Serve.MaxInFlightBytes, cfg.Serve.MaxBodyBytes, len(resolved))
 	for _, rt := range resolved {
-		t := token{sum: sha256.Sum256([]byte(rt.Token)), services: map[string]bool{}, key: rt.Key}
+		t := token{sum: sha256.Sum256([]byte(rt.Token)), services: map[string]bool{}, key: rt.Key,
+			room: newRoom(share, s.metrics.bodyBytes)}
 		for _, svc := range rt.Services {
 			if svc == config.AnyService {
 				t.any = true
@@ -198,7 +199,8 @@ func (s *Server) hasher(service string) *canon.Hasher {
 
 // authenticate returns the token presented in r's Authorization header, or
 // nil. Every configured token is compared, in constant time, whichever
-// matches.
+// matches. A request with a valid token is one whose connection is not
+// closed to make room for another (see connLimit.trust).
 func (s *Server) authenticate(r *http.Request) *token {
 	h := r.Header.Get("Authorization")
 	const prefix = "bearer "
@@ -215,7 +217,9 @@ func (s *Server) authenticate(r *http.Request) *token {
 	if match < 0 {
 		return nil
 	}
-	return &s.tokens[match]
+	t := &s.tokens[match]
+	trustRequest(r, t)
+	return t
 }
 
 func (t *token) allows(service string) bool { return t.any || t.services[service] }
@@ -300,7 +304,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	if s.certs != nil {
 		tlsConfig = s.certs.tlsConfig()
 	}
-	limit := newConnLimit(ln, s.cfg.MaxConnections, s.cfg.RequestTimeout, tlsConfig, s.metrics)
+	limit := newConnLimit(ln, s.cfg.MaxConnections, s.cfg.MaxConnectionsPerAddress, len(s.tokens), tlsConfig, s.metrics)
 	var served net.Listener = limit
 	if tlsConfig != nil {
 		served = tls.NewListener(limit, tlsConfig)
@@ -316,9 +320,10 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		MaxHeaderBytes:    maxHeaderBytes,
 		Protocols:         &protocols,
 		ConnState:         limit.connState,
+		ConnContext:       withConn,
 		// Requests outlive ctx's cancellation: shutdown lets them finish.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-		ErrorLog:    zap.NewStdLog(s.log.Named("http")),
+		ErrorLog:    newErrorLog(s.log.Named("http"), s.metrics.httpErrors),
 	}
 	s.Start(ctx)
 	defer s.Close() // after the shutdown: no request is left to answer
