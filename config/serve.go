@@ -34,16 +34,25 @@ type Serve struct {
 	// 4194304 (4 MiB).
 	MaxBodyBytes int `koanf:"max_body_bytes"`
 	// MaxInFlightBytes bounds the request bodies being read or held at
-	// once: a request takes room for its body (its Content-Length, or
-	// MaxBodyBytes when it announces none) before reading it, and waits
-	// for room up to RequestTimeout, then gets 503 with Retry-After. At
-	// least MaxBodyBytes. Default 33554432 (32 MiB).
+	// once, shared equally among the tokens (each token's share at least
+	// MaxBodyBytes): a request takes room in its token's share as its body
+	// arrives, and waits for room up to RequestTimeout, then gets 503 with
+	// Retry-After. At least MaxBodyBytes. Default 33554432 (32 MiB).
 	MaxInFlightBytes int `koanf:"max_in_flight_bytes"`
 	// MaxConnections bounds the connections served at once (each is one
-	// request at a time: HTTP/1.1). A connection beyond it waits up to
-	// RequestTimeout for one to close (an idle keep-alive connection is
-	// closed to make room), then gets 503 with Retry-After. Default 1024.
+	// request at a time: HTTP/1.1). A connection beyond it takes the slot
+	// of one that is not serving a request with a valid token (the one
+	// that has not finished its request the longest, else the longest
+	// idle), which is closed; when every slot serves such a request, it
+	// waits a quarter of a second for one to end, then gets 503 with
+	// Retry-After. Default 1024.
 	MaxConnections int `koanf:"max_connections"`
+	// MaxConnectionsPerAddress bounds the connections served at once from
+	// one client address; a connection beyond it gets 503 with
+	// Retry-After at once. 0 (the default) bounds them by MaxConnections
+	// alone: behind a proxy, a load balancer or a mesh sidecar every
+	// client has the proxy's address. At most MaxConnections.
+	MaxConnectionsPerAddress int `koanf:"max_connections_per_address"`
 	// MaxBatch bounds the checks of one /v1/check:batch request. Default
 	// 500.
 	MaxBatch int `koanf:"max_batch"`
@@ -183,6 +192,9 @@ func (c *Config) validateServe(v *validator) {
 	}
 	if s.MaxConnections <= 0 {
 		v.addf("serve.max_connections", "must be positive, got %d", s.MaxConnections)
+	}
+	if s.MaxConnectionsPerAddress < 0 || s.MaxConnectionsPerAddress > max(0, s.MaxConnections) {
+		v.addf("serve.max_connections_per_address", "must be from 0 (no bound of its own) to serve.max_connections (%d), got %d", s.MaxConnections, s.MaxConnectionsPerAddress)
 	}
 	switch {
 	case s.TLS.CertFile != "" && s.TLS.KeyFile == "":

@@ -57,6 +57,8 @@ func TestServeValidateErrors(t *testing.T) {
 		{"batch", func(s *Serve) { s.MaxBatch = -1 }, "serve.max_batch", "positive"},
 		{"in flight below a body", func(s *Serve) { s.MaxInFlightBytes = s.MaxBodyBytes - 1 }, "serve.max_in_flight_bytes", "at least serve.max_body_bytes"},
 		{"connections", func(s *Serve) { s.MaxConnections = 0 }, "serve.max_connections", "positive"},
+		{"per address negative", func(s *Serve) { s.MaxConnectionsPerAddress = -1 }, "serve.max_connections_per_address", "from 0"},
+		{"per address past the bound", func(s *Serve) { s.MaxConnectionsPerAddress = s.MaxConnections + 1 }, "serve.max_connections_per_address", "serve.max_connections (1024)"},
 		{"cert without key", func(s *Serve) { s.TLS.CertFile = "/tls/tls.crt" }, "serve.tls.key_file", "required with serve.tls.cert_file"},
 		{"key without cert", func(s *Serve) { s.TLS.KeyFile = "/tls/tls.key" }, "serve.tls.cert_file", "required with serve.tls.key_file"},
 		{"timeout", func(s *Serve) { s.RequestTimeout = 0 }, "serve.request_timeout", "positive"},

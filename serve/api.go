@@ -30,7 +30,7 @@ const (
 	codeBadField     = "bad_field"      // a field has an invalid value (bad hex, two exclusive fields)
 	codeBadPayload   = "bad_payload"    // the payload does not hash: invalid JSON, too deep, too large
 	codeTooLarge     = "body_too_large" // the body exceeds serve.max_body_bytes
-	codeBodyTimeout  = "body_timeout"   // the body did not arrive within serve.request_timeout
+	codeBodyTimeout  = "body_timeout"   // the body did not arrive within serve.request_timeout, or slower than the minimum rate
 	codeOverloaded   = "overloaded"     // no room for the body (or the connection) in time: retry after Retry-After
 	codeBatchTooLong = "batch_too_large"
 	codeUnauthorized = "unauthorized"
@@ -186,11 +186,10 @@ func identityError(field string, err error) *apiError {
 	return badRequest(codeBadField, "%s: %s", field, reason)
 }
 
-// decode reads r's body as JSON into v, strictly (unknown fields are
-// errors), within serve.max_body_bytes.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError {
-	body := http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBodyBytes))
-	dec := json.NewDecoder(body)
+// decode reads body (r's, through a bodyReader) as JSON into v,
+// strictly (unknown fields are errors), within serve.max_body_bytes.
+func (s *Server) decode(w http.ResponseWriter, body *bodyReader, v any) *apiError {
+	dec := json.NewDecoder(http.MaxBytesReader(w, io.NopCloser(body), int64(s.cfg.MaxBodyBytes)))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
 	if err == nil {
@@ -202,7 +201,17 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
+	switch {
+	case errors.Is(err, errNoRoom):
+		s.metrics.overloaded.Inc()
+		return &apiError{status: http.StatusServiceUnavailable, code: codeOverloaded,
+			msg: fmt.Sprintf("too many request bodies of this token in flight (its share of serve.max_in_flight_bytes): no room within %s (serve.request_timeout); retry", s.cfg.RequestTimeout)}
+	case errors.Is(err, errSlowBody):
+		s.metrics.slowBodies.Inc()
+		return &apiError{status: http.StatusRequestTimeout, code: codeBodyTimeout,
+			msg: fmt.Sprintf("the request body arrives slower than %d bytes/s (after %s)", minBodyRate, bodyGrace)}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		s.metrics.slowBodies.Inc()
 		return &apiError{status: http.StatusRequestTimeout, code: codeBodyTimeout,
 			msg: fmt.Sprintf("the request body did not arrive within %s (serve.request_timeout)", s.cfg.RequestTimeout)}
 	}
@@ -288,37 +297,45 @@ func (s *Server) tooLarge() *apiError {
 		msg: fmt.Sprintf("request body larger than %d bytes (serve.max_body_bytes)", s.cfg.MaxBodyBytes)}
 }
 
-// readBody takes room for r's body (see room), waiting for it up to
-// serve.request_timeout, then reads the body as JSON into v within
-// serve.request_timeout from then. It returns the context that bounds the
-// rest of the request (the body and the store: serve.request_timeout from
-// when room was found), and the function that gives the room back: call
-// it once the body and what was decoded from it are no longer needed
-// (once the payloads are hashed), whatever the error, then cancel.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request, v any) (ctx context.Context, cancel context.CancelFunc, release func(), e *apiError) {
+// readBody reads r's body as JSON into v, taking room for it in t's
+// share as it arrives (see room and bodyReader), within
+// serve.request_timeout (waiting for room included) and at the minimum
+// rate. It returns the context that bounds the rest of the request (the
+// store: serve.request_timeout from the end of the body), and the
+// function that gives the room back: call it once the body and what was
+// decoded from it are no longer needed (once the payloads are hashed),
+// whatever the error, then cancel.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, t *token, v any) (ctx context.Context, cancel context.CancelFunc, release func(), e *apiError) {
 	none := func() {}
-	n := r.ContentLength
-	if n > int64(s.cfg.MaxBodyBytes) {
+	limit := r.ContentLength
+	if limit > int64(s.cfg.MaxBodyBytes) {
 		return r.Context(), none, none, s.tooLarge() // refused unread
 	}
-	if n < 0 { // not announced (chunked): as large as it may be
-		n = int64(s.cfg.MaxBodyBytes)
+	if limit < 0 { // not announced (chunked): as large as it may be, and the byte that tells it too large
+		limit = int64(s.cfg.MaxBodyBytes) + 1
 	}
-	wait, stop := s.requestContext(r)
-	err := s.room.take(wait, n)
-	stop()
-	if err != nil {
-		s.metrics.overloaded.Inc()
-		return r.Context(), none, none, &apiError{status: http.StatusServiceUnavailable, code: codeOverloaded,
-			msg: fmt.Sprintf("too many request bodies in flight (serve.max_in_flight_bytes): no room within %s (serve.request_timeout); retry", s.cfg.RequestTimeout)}
+	c := t.room.open(limit)
+	release = sync.OnceFunc(func() { t.room.close(c) })
+	bctx, bcancel := s.requestContext(r)
+	deadline, _ := bctx.Deadline()
+	body := &bodyReader{body: r.Body, room: t.room, claim: c, rc: http.NewResponseController(w),
+		ctx: bctx, deadline: deadline, start: time.Now()}
+	e = s.decode(w, body, v)
+	bcancel()
+	if body.eof {
+		// No read deadline while the store decides: the request's context
+		// bounds it, and a deadline passing would end that context.
+		_ = body.rc.SetReadDeadline(time.Time{})
+	} else {
+		// Given up: no more of it is read (the server would read the rest
+		// at the client's pace before closing).
+		_ = body.rc.SetReadDeadline(aLongTimeAgo)
 	}
-	var once sync.Once
-	release = func() { once.Do(func() { s.room.give(n) }) }
+	if e != nil {
+		return r.Context(), none, release, e
+	}
 	ctx, cancel = s.requestContext(r)
-	if deadline, ok := ctx.Deadline(); ok {
-		_ = http.NewResponseController(w).SetReadDeadline(deadline)
-	}
-	return ctx, cancel, release, s.decode(w, r, v)
+	return ctx, cancel, release, nil
 }
 
 // storeError answers a failed store call: 503 with Retry-After when the
@@ -359,7 +376,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req checkRequest
-	ctx, cancel, release, e := s.readBody(w, r, &req)
+	ctx, cancel, release, e := s.readBody(w, r, t, &req)
 	defer cancel()
 	defer release()
 	if e != nil {
@@ -419,7 +436,7 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req batchRequest
-	ctx, cancel, release, e := s.readBody(w, r, &req)
+	ctx, cancel, release, e := s.readBody(w, r, t, &req)
 	defer cancel()
 	defer release()
 	if e != nil {

@@ -8,8 +8,8 @@ import (
 	"github.com/dam-dedup/dam/config"
 )
 
-// FuzzParseCheck feeds arbitrary bodies to the check request's decoding
-// and parsing: no input panics, every rejection is an API error with a
+// FuzzParseCheck feeds arbitrary bodies to the check request's reading,
+// decoding and parsing: no input panics, every rejection is an API error with a
 // status and a code, and an accepted check has a service and a digest.
 func FuzzParseCheck(f *testing.F) {
 	for _, seed := range []string{
@@ -40,7 +40,10 @@ func FuzzParseCheck(f *testing.F) {
 		w := httptest.NewRecorder()
 		req := httptest.NewRequest("POST", "/v1/check", strings.NewReader(body))
 		var c checkRequest
-		if e := s.decode(w, req, &c); e != nil {
+		_, cancel, release, e := s.readBody(w, req, &s.tokens[0], &c)
+		defer cancel()
+		defer release()
+		if e != nil {
 			if e.status < 400 || e.code == "" || e.msg == "" {
 				t.Fatalf("decode error without status or code: %+v", e)
 			}

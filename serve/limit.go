@@ -1,93 +1,115 @@
 package serve
 
 import (
+	"container/list"
 	"context"
 	"crypto/tls"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// room bounds the request bodies held in memory at once: a request takes
-// room for its body before reading it (its Content-Length, or
-// serve.max_body_bytes when the length is not announced) and gives it back
-// when it is answered. A request that does not fit waits for room until
-// its deadline.
-//
-// Any waiter that fits when room is given back goes ahead, not the
-// longest waiting one: a small check never queues behind a large body
-// that is itself waiting for most of the room.
-type room struct {
-	mu    sync.Mutex
-	size  int64
-	used  int64
-	freed chan struct{} // closed (and replaced) whenever room is given back
-	gauge func(float64)
-}
+const (
+	// firstByteTimeout is how long a new connection may stay silent (no
+	// request, or on TLS no ClientHello) before it is closed.
+	firstByteTimeout = time.Second
+	// minSilent is the least number of new connections that may wait for
+	// their first byte at once (at least twice serve.max_connections).
+	minSilent = 1024
+	// connWait is how long a connection beyond serve.max_connections
+	// waits for a slot when no served connection can be closed for it,
+	// before its 503.
+	connWait = 250 * time.Millisecond
+	// evictUntrustedAfter is how long a request without a valid token (or
+	// past its token's share of the connections) is served before its
+	// connection may be closed to make room.
+	evictUntrustedAfter = time.Second
+	// lingerTimeout bounds the polite close of a connection: its 503
+	// written, what the client sent read and dropped (a socket closed with
+	// unread data is reset, and the client may lose the answer).
+	lingerTimeout = time.Second
+)
 
-func newRoom(size int64, gauge func(float64)) *room {
-	return &room{size: size, freed: make(chan struct{}), gauge: gauge}
-}
+// connState is what a served connection is doing, for the choice of the
+// one to close when a new connection finds every slot taken.
+type connState int8
 
-// take waits until n bytes fit, or ctx ends (its error is returned).
-func (r *room) take(ctx context.Context, n int64) error {
-	for {
-		r.mu.Lock()
-		if r.used+n <= r.size {
-			r.used += n
-			r.gauge(float64(r.used))
-			r.mu.Unlock()
-			return nil
-		}
-		freed := r.freed
-		r.mu.Unlock()
-		select {
-		case <-freed:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
+const (
+	// connUnfinished: accepted, no request read yet (a TLS handshake, a
+	// request line and headers on their way, or nothing). Closed first,
+	// the longest unfinished first: a client that means to be served
+	// sends its request at once.
+	connUnfinished connState = iota
+	// connIdle: a keep-alive connection between requests. Closed next,
+	// the longest idle first.
+	connIdle
+	// connUntrusted: serving a request without a valid token, or past
+	// its token's share of the connections. Closed last, once served for
+	// evictUntrustedAfter.
+	connUntrusted
+	// connTrusted: serving a request with a valid token, within its
+	// token's share of the connections. Never closed for room.
+	connTrusted
+)
 
-// give returns n bytes taken by take.
-func (r *room) give(n int64) {
-	r.mu.Lock()
-	r.used -= n
-	r.gauge(float64(r.used))
-	close(r.freed)
-	r.freed = make(chan struct{})
-	r.mu.Unlock()
+var connStateNames = [...]string{"unfinished", "idle", "untrusted"}
+
+// silentConn is a new connection waiting for its first byte.
+type silentConn struct {
+	net.Conn
+	addr netip.Addr
+	elem *list.Element // in connLimit.silent; nil once out (under connLimit.mu)
 }
 
 // connLimit is a listener that serves at most max connections at once,
-// the bound of the memory they hold (buffers, a goroutine, TLS state). A
-// connection beyond it is accepted but not read: it waits up to wait for
-// a served one to close, and is then answered 503 with Retry-After and
-// closed. While one waits, the longest-idle keep-alive connection is
-// closed to make room. At most max connections wait; beyond that a new
-// connection is closed at once, unanswered.
+// the bound of the memory they hold (buffers, a goroutine, TLS state),
+// and holds at most perAddr from one client address (0: no such bound).
+//
+// A new connection gets no slot until its first byte arrives (a request,
+// or on TLS a ClientHello): until then it holds a goroutine blocked on a
+// one-byte read and nothing else, for at most firstByteTimeout, and at
+// most maxSilent wait so, the longest silent closed first to make room.
+// Connections that send nothing thus never keep a client out.
+//
+// A connection with a first byte beyond max takes the slot of a served
+// connection that is not serving a trusted request (see connState),
+// which is closed; one that had not finished its request headers gets a
+// 503 (plain HTTP) before the close. When every slot serves a trusted
+// request, the new connection waits up to connWait for one to end and is
+// then answered 503 with Retry-After and closed; so is a connection past
+// perAddr, at once. Those refusals are written by a bounded number of
+// goroutines; beyond them a connection is closed at once, unanswered. A
+// client past capacity is thus served, or answered 503 fast.
 //
 // Wrap it in TLS (tls.NewListener) rather than the other way round: the
 // server then sees *tls.Conn, and tlsConfig (when set) lets a refusal be
 // answered over TLS.
 type connLimit struct {
 	net.Listener
-	wait      time.Duration
-	tlsConfig *tls.Config
-	slots     chan struct{} // one per connection served
-	waiting   chan struct{} // one per connection waiting for a slot
-	accepted  chan acceptResult
-	done      chan struct{}
-	closeOnce sync.Once
-	wg        sync.WaitGroup
-	metrics   *metrics
+	max, perAddr int
+	maxSilent    int
+	tokenConns   int // connections a token's requests may hold trusted
+	tlsConfig    *tls.Config
+	metrics      *metrics
+	refusing     chan struct{} // one per refusal being written or connection waiting for a slot
+	accepted     chan acceptResult
+	done         chan struct{}
+	closeOnce    sync.Once
+	wg           sync.WaitGroup
 
-	mu   sync.Mutex
-	idle map[*limitedConn]time.Time // served connections between requests, since when
+	mu      sync.Mutex
+	served  int
+	byAddr  map[netip.Addr]int     // connections held (silent, waiting or served) by client address
+	byToken map[*token]int         // trusted connections by token
+	silent  list.List              // connections waiting for their first byte, oldest first
+	lists   [connTrusted]list.List // the evictable served connections by state, oldest first
+	changed chan struct{}          // closed (and replaced) when a slot is freed or a connection becomes evictable
 }
 
 type acceptResult struct {
@@ -95,10 +117,11 @@ type acceptResult struct {
 	err  error
 }
 
-func newConnLimit(ln net.Listener, max int, wait time.Duration, tlsConfig *tls.Config, m *metrics) *connLimit {
-	l := &connLimit{Listener: ln, wait: wait, tlsConfig: tlsConfig, metrics: m,
-		slots: make(chan struct{}, max), waiting: make(chan struct{}, max),
-		accepted: make(chan acceptResult), done: make(chan struct{}), idle: map[*limitedConn]time.Time{}}
+func newConnLimit(ln net.Listener, maxConns, perAddr, tokens int, tlsConfig *tls.Config, m *metrics) *connLimit {
+	l := &connLimit{Listener: ln, max: maxConns, perAddr: perAddr, maxSilent: max(2*maxConns, minSilent),
+		tokenConns: max(1, maxConns/max(1, tokens)), tlsConfig: tlsConfig, metrics: m,
+		refusing: make(chan struct{}, max(maxConns, 256)), accepted: make(chan acceptResult), done: make(chan struct{}),
+		byAddr: map[netip.Addr]int{}, byToken: map[*token]int{}, changed: make(chan struct{})}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l
@@ -122,6 +145,11 @@ func (l *connLimit) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.done)
 		err = l.Listener.Close()
+		l.mu.Lock()
+		for e := l.silent.Front(); e != nil; e = e.Next() {
+			_ = e.Value.(*silentConn).SetReadDeadline(aLongTimeAgo)
+		}
+		l.mu.Unlock()
 		l.wg.Wait()
 	})
 	return err
@@ -144,27 +172,187 @@ func (l *connLimit) acceptLoop() {
 				return
 			}
 		}
-		select {
-		case l.slots <- struct{}{}:
-			l.hand(c)
-			continue
-		default:
-		}
-		select {
-		case l.waiting <- struct{}{}:
-			l.wg.Add(1)
-			go l.park(c)
-		default:
-			l.metrics.connsRefused.Inc()
-			_ = c.Close()
-		}
+		l.admit(c)
 	}
 }
 
-// hand gives c, which holds a slot, to Accept.
-func (l *connLimit) hand(c net.Conn) {
-	lc := &limitedConn{Conn: c, l: l}
+// addrOf is c's client address (the zero Addr if not TCP).
+func addrOf(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	}
+	return netip.Addr{}
+}
+
+// admit takes in a new connection: refused past perAddr, else it waits
+// for its first byte (see firstByte).
+func (l *connLimit) admit(c net.Conn) {
+	addr := addrOf(c)
+	l.mu.Lock()
+	if l.perAddr > 0 && addr.IsValid() && l.byAddr[addr] >= l.perAddr {
+		l.mu.Unlock()
+		l.refuseSoon(c, addr, false, refusalPerAddress, 0)
+		return
+	}
+	l.byAddr[addr]++
+	var oldest *silentConn
+	if l.silent.Len() >= l.maxSilent {
+		oldest = l.silent.Remove(l.silent.Front()).(*silentConn)
+		oldest.elem = nil
+		l.metrics.connsEvicted.WithLabelValues("silent").Inc()
+	}
+	sc := &silentConn{Conn: c, addr: addr}
+	sc.elem = l.silent.PushBack(sc)
+	l.mu.Unlock()
+	if oldest != nil {
+		_ = oldest.SetReadDeadline(aLongTimeAgo)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(firstByteTimeout))
+	l.wg.Add(1)
+	go l.firstByte(sc)
+}
+
+// firstByte waits for sc's first byte, then gives it a slot (or has it
+// wait for one, or refused). A connection silent for firstByteTimeout, or
+// closed for room, is closed: it sent nothing, and gets nothing.
+func (l *connLimit) firstByte(sc *silentConn) {
+	defer l.wg.Done()
+	var b [1]byte
+	n, _ := sc.Read(b[:])
+	l.mu.Lock()
+	if sc.elem != nil {
+		l.silent.Remove(sc.elem)
+		sc.elem = nil
+	}
+	l.mu.Unlock()
+	if n == 0 {
+		l.dropAddr(sc.addr)
+		_ = sc.Close()
+		return
+	}
+	_ = sc.SetReadDeadline(time.Time{})
+	l.mu.Lock()
+	lc, victim := l.placeLocked(sc.Conn, sc.addr)
+	l.mu.Unlock()
+	victim.evict()
+	if lc != nil {
+		lc.first = b[:1]
+		l.hand(lc)
+		return
+	}
+	l.refuseSoon(&prefixConn{Conn: sc.Conn, first: b[:1]}, sc.addr, true, refusalConnections, connWait)
+}
+
+// dropAddr counts a connection of addr less.
+func (l *connLimit) dropAddr(addr netip.Addr) {
+	l.mu.Lock()
+	if l.byAddr[addr]--; l.byAddr[addr] <= 0 {
+		delete(l.byAddr, addr)
+	}
+	l.mu.Unlock()
+}
+
+// prefixConn is a connection whose first bytes were read already.
+type prefixConn struct {
+	net.Conn
+	first []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.first) > 0 {
+		n := copy(p, c.first)
+		c.first = c.first[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// placeLocked gives c a slot, the free one or that of the connection it
+// closes (returned, to evict once l.mu is released); nil when every slot
+// serves a trusted request. l.mu is held.
+func (l *connLimit) placeLocked(c net.Conn, addr netip.Addr) (lc, victim *limitedConn) {
+	if l.served >= l.max {
+		if victim = l.victimLocked(); victim == nil {
+			return nil, nil
+		}
+		l.releaseLocked(victim)
+		victim.evicted.Store(true)
+	}
+	lc = &limitedConn{Conn: c, l: l, addr: addr}
+	l.served++
 	l.metrics.conns.Inc()
+	l.setStateLocked(lc, connUnfinished)
+	return lc, victim
+}
+
+// victimLocked is the connection to close for room: the longest
+// unfinished, else the longest idle, else the longest untrusted served
+// for evictUntrustedAfter. l.mu is held.
+func (l *connLimit) victimLocked() *limitedConn {
+	for s := connUnfinished; s <= connUntrusted; s++ {
+		e := l.lists[s].Front()
+		if e == nil {
+			continue
+		}
+		lc := e.Value.(*limitedConn)
+		if s == connUntrusted && time.Since(lc.since) < evictUntrustedAfter {
+			continue
+		}
+		l.metrics.connsEvicted.WithLabelValues(connStateNames[s]).Inc()
+		return lc
+	}
+	return nil
+}
+
+// setStateLocked moves lc to state s, since now. l.mu is held.
+func (l *connLimit) setStateLocked(lc *limitedConn, s connState) {
+	if lc.released {
+		return
+	}
+	l.leaveLocked(lc)
+	lc.state, lc.since = s, time.Now()
+	if s != connTrusted {
+		lc.elem = l.lists[s].PushBack(lc)
+	}
+	if s == connIdle || s == connUntrusted {
+		l.wake()
+	}
+}
+
+// leaveLocked takes lc out of its state's list, or out of its token's
+// count. l.mu is held.
+func (l *connLimit) leaveLocked(lc *limitedConn) {
+	if lc.elem != nil {
+		l.lists[lc.state].Remove(lc.elem)
+		lc.elem = nil
+	}
+	if lc.state == connTrusted && lc.token != nil {
+		l.byToken[lc.token]--
+		lc.token = nil
+	}
+}
+
+// releaseLocked frees lc's slot. l.mu is held.
+func (l *connLimit) releaseLocked(lc *limitedConn) {
+	if lc.released {
+		return
+	}
+	l.leaveLocked(lc)
+	lc.released = true
+	l.served--
+	l.metrics.conns.Dec()
+	l.wake()
+}
+
+// wake wakes the connections waiting for a slot. l.mu is held.
+func (l *connLimit) wake() {
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// hand gives lc, which holds a slot, to Accept.
+func (l *connLimit) hand(lc *limitedConn) {
 	select {
 	case l.accepted <- acceptResult{conn: lc}:
 	case <-l.done:
@@ -172,102 +360,270 @@ func (l *connLimit) hand(c net.Conn) {
 	}
 }
 
-// park holds c until a slot is free or the wait is over.
-func (l *connLimit) park(c net.Conn) {
-	defer l.wg.Done()
-	defer func() { <-l.waiting }()
-	l.closeIdle()
-	t := time.NewTimer(l.wait)
-	defer t.Stop()
+// refuseSoon answers c (of addr, counted in byAddr when counted) 503
+// with refusal, after waiting up to wait for a slot, in a goroutine of
+// its own; past the bound of such goroutines, c is closed at once.
+func (l *connLimit) refuseSoon(c net.Conn, addr netip.Addr, counted bool, refusal string, wait time.Duration) {
 	select {
-	case l.slots <- struct{}{}:
-		l.hand(c)
-	case <-t.C:
+	case l.refusing <- struct{}{}:
+	default:
 		l.metrics.connsRefused.Inc()
-		l.refuse(c)
-	case <-l.done:
 		_ = c.Close()
+		if counted {
+			l.dropAddr(addr)
+		}
+		return
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		defer func() { <-l.refusing }()
+		if wait > 0 && l.wait(c, addr, wait) {
+			return
+		}
+		l.metrics.connsRefused.Inc()
+		l.refuse(c, refusal)
+		if counted {
+			l.dropAddr(addr)
+		}
+	}()
+}
+
+// wait waits up to d for a slot for c (a prefixConn) and hands it over;
+// it reports whether c was given one (or closed with the listener).
+func (l *connLimit) wait(c net.Conn, addr netip.Addr, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	pc := c.(*prefixConn)
+	for {
+		l.mu.Lock()
+		lc, victim := l.placeLocked(pc.Conn, addr)
+		changed := l.changed
+		l.mu.Unlock()
+		victim.evict()
+		if lc != nil {
+			lc.first = pc.first
+			l.hand(lc)
+			return true
+		}
+		select {
+		case <-changed:
+		case <-t.C:
+			return false
+		case <-l.done:
+			_ = c.Close()
+			l.dropAddr(addr)
+			return true
+		}
 	}
 }
 
-// refusal is the answer to a connection that found no room in time.
-var refusal = func() string {
-	body := `{"code":"overloaded","message":"too many connections (serve.max_connections); retry after Retry-After"}` + "\n"
+// CloseWrite half-closes a prefixConn (see linger).
+func (c *prefixConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// The answers to a connection refused for room.
+var (
+	refusalConnections = refusalText("too many connections (serve.max_connections); retry after Retry-After")
+	refusalPerAddress  = refusalText("too many connections from your address (serve.max_connections_per_address); retry after Retry-After")
+)
+
+func refusalText(msg string) string {
+	body := `{"code":"overloaded","message":"` + msg + `"}` + "\n"
 	return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: " + retryAfter +
 		"\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
-}()
+}
 
-// refuse answers c 503 and closes it, giving up after a second. It
-// half-closes the connection and reads what the client sent (its request,
-// unread) before closing: a socket closed with unread data is reset, and
-// the client may then lose the answer before it reads it.
-func (l *connLimit) refuse(c net.Conn) {
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
+// refuse answers c 503 and closes it, giving up after lingerTimeout.
+func (l *connLimit) refuse(c net.Conn, refusal string) {
+	_ = c.SetDeadline(time.Now().Add(lingerTimeout))
+	var w net.Conn = c
 	if l.tlsConfig != nil {
-		c = tls.Server(c, l.tlsConfig)
+		w = tls.Server(c, l.tlsConfig)
 	}
-	if _, err := c.Write([]byte(refusal)); err != nil {
+	if _, err := io.WriteString(w, refusal); err != nil {
+		_ = c.Close()
 		return
 	}
+	linger(c)
+}
+
+// linger half-closes c and reads what the client sent (its request,
+// unread) before closing: a socket closed with unread data is reset, and
+// the client may then lose the answer before it reads it. c's deadline
+// is set.
+func linger(c net.Conn) {
+	defer c.Close()
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 }
 
-// closeIdle closes the connection idle the longest, if any: a waiting
-// connection has a request to make, an idle one may never make another.
-func (l *connLimit) closeIdle() {
+// trust marks lc, serving a request with token t, as not to be closed
+// for room, within t's share of the connections; a request past that
+// share stays untrusted.
+func (l *connLimit) trust(lc *limitedConn, t *token) {
 	l.mu.Lock()
-	var oldest *limitedConn
-	var since time.Time
-	for c, t := range l.idle {
-		if oldest == nil || t.Before(since) {
-			oldest, since = c, t
-		}
+	defer l.mu.Unlock()
+	if lc.released || lc.state == connTrusted || l.byToken[t] >= l.tokenConns {
+		return
 	}
-	delete(l.idle, oldest)
-	l.mu.Unlock()
-	if oldest != nil {
-		_ = oldest.Close()
-	}
+	l.setStateLocked(lc, connTrusted)
+	lc.token = t
+	l.byToken[t]++
 }
 
-// connState is the http.Server's ConnState hook: it keeps track of the
-// idle connections.
+// connState is the http.Server's ConnState hook: it keeps track of what
+// each connection does. The server reports StateActive once a request's
+// headers are read.
 func (l *connLimit) connState(c net.Conn, state http.ConnState) {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	lc, ok := c.(*limitedConn)
-	if !ok {
+	lc := limited(c)
+	if lc == nil {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if state == http.StateIdle {
-		l.idle[lc] = time.Now()
-	} else {
-		delete(l.idle, lc)
+	switch state {
+	case http.StateActive:
+		l.setStateLocked(lc, connUntrusted)
+	case http.StateIdle:
+		l.setStateLocked(lc, connIdle)
 	}
 }
 
-// limitedConn is a served connection: closing it frees its slot.
-type limitedConn struct {
-	net.Conn
-	l    *connLimit
-	once sync.Once
+// limited is the limitedConn under c, or nil.
+func limited(c net.Conn) *limitedConn {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	lc, _ := c.(*limitedConn)
+	return lc
 }
 
+// connKey is the request context's key of its *limitedConn (see Run's
+// ConnContext).
+type connKey struct{}
+
+// trustRequest marks r's connection as serving a request with token t
+// (see connLimit.trust), when r came through a connLimit.
+func trustRequest(r *http.Request, t *token) {
+	if lc, ok := r.Context().Value(connKey{}).(*limitedConn); ok {
+		lc.l.trust(lc, t)
+	}
+}
+
+// withConn is Run's ConnContext: it puts c's limitedConn in the context.
+func withConn(ctx context.Context, c net.Conn) context.Context {
+	if lc := limited(c); lc != nil {
+		return context.WithValue(ctx, connKey{}, lc)
+	}
+	return ctx
+}
+
+// aLongTimeAgo is a deadline that has passed: it ends any read or write.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// limitedConn is a served connection: closing it frees its slot. Once
+// evicted (its slot given to another), every deadline is in the past, so
+// that the server gives it up and closes it.
+type limitedConn struct {
+	net.Conn
+	l       *connLimit
+	addr    netip.Addr
+	first   []byte // read while it waited for a slot; read by the server goroutine only
+	evicted atomic.Bool
+	once    sync.Once
+
+	// Under l.mu.
+	state    connState
+	since    time.Time
+	elem     *list.Element
+	token    *token // of a trusted request
+	released bool
+
+	dmu sync.Mutex // orders evict with the server's deadlines
+}
+
+func (c *limitedConn) Read(p []byte) (int, error) {
+	if len(c.first) > 0 {
+		n := copy(p, c.first)
+		c.first = c.first[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *limitedConn) SetReadDeadline(t time.Time) error {
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	if c.evicted.Load() {
+		t = aLongTimeAgo
+	}
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *limitedConn) SetWriteDeadline(t time.Time) error {
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	if c.evicted.Load() {
+		t = aLongTimeAgo
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *limitedConn) SetDeadline(t time.Time) error {
+	if err := c.SetReadDeadline(t); err != nil {
+		return err
+	}
+	return c.SetWriteDeadline(t)
+}
+
+// evict ends what the server does with c (its slot was given to
+// another): the server then closes it. A nil c is none.
+func (c *limitedConn) evict() {
+	if c == nil {
+		return
+	}
+	c.dmu.Lock()
+	_ = c.Conn.SetDeadline(aLongTimeAgo)
+	c.dmu.Unlock()
+}
+
+// Close frees c's slot and closes it. An evicted connection that had not
+// finished a request is closed politely (lingering, after a 503 on plain
+// HTTP) when a refusal goroutine is free.
 func (c *limitedConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(func() {
-		c.l.mu.Lock()
-		delete(c.l.idle, c)
-		c.l.mu.Unlock()
-		c.l.metrics.conns.Dec()
-		<-c.l.slots
-	})
-	return err
+	first := false
+	c.once.Do(func() { first = true })
+	if !first {
+		return c.Conn.Close()
+	}
+	l := c.l
+	l.mu.Lock()
+	polite := c.evicted.Load() && c.state == connUnfinished
+	l.releaseLocked(c)
+	l.mu.Unlock()
+	defer l.dropAddr(c.addr)
+	if !polite {
+		return c.Conn.Close()
+	}
+	select {
+	case l.refusing <- struct{}{}:
+	default:
+		return c.Conn.Close()
+	}
+	defer func() { <-l.refusing }()
+	_ = c.Conn.SetDeadline(time.Now().Add(lingerTimeout))
+	if l.tlsConfig == nil {
+		if _, err := io.WriteString(c.Conn, refusalConnections); err != nil {
+			return c.Conn.Close()
+		}
+	}
+	linger(c.Conn)
+	return nil
 }

@@ -68,13 +68,13 @@ func (a answer) String() string {
 	return fmt.Sprintf("%d Retry-After %q after %s: %.200s %v", a.code, a.retryAfter, a.took.Round(time.Millisecond), a.body, a.err)
 }
 
-// send posts body to /v1/check with tokenAll in the background.
-func send(h *harness, body string) <-chan answer {
+// send posts body to /v1/check with token in the background.
+func send(h *harness, token, body string) <-chan answer {
 	c := make(chan answer, 1)
 	go func() {
 		began := time.Now()
 		req, _ := http.NewRequest("POST", h.url+"/v1/check", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+tokenAll)
+		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := h.client.Do(req)
 		if err != nil {
 			c <- answer{err: err, took: time.Since(began)}
@@ -87,20 +87,19 @@ func send(h *harness, body string) <-chan answer {
 	return c
 }
 
-// The bodies in flight are bounded by serve.max_in_flight_bytes: a
-// request takes room for its body before reading it and waits for room
-// until serve.request_timeout, then gets 503 overloaded with Retry-After;
-// a request that gets room in time is answered as usual. A body that does
-// not arrive within serve.request_timeout of finding room gets 408, one
-// announced larger than serve.max_body_bytes gets 413 without being read.
+// The bodies in flight are bounded by each token's share of
+// serve.max_in_flight_bytes, taken as the bodies arrive: a client that
+// sent part of its body holds room for that part, not for its
+// Content-Length; a body that does not fit beside it waits for room
+// (taking none while that would leave a body unable to finish), while a
+// small check is answered at once, and another token's bodies have a
+// share of their own. A body that stalls is ended with 408 (the minimum
+// rate); one announced larger than serve.max_body_bytes gets 413 without
+// being read, one sent chunked past it 413 once read to the limit.
 func TestBodyRoom(t *testing.T) {
 	t.Parallel()
 	const unit = 64 << 10
-	// The timeline is in fractions of the timeout: what a request that
-	// waited would take differs from an answer at once by a good part of
-	// it, even on a loaded machine (the first check on Citus, under -race
-	// beside the other packages' tests, took 651 ms with a 1 s timeout).
-	const timeout = 2 * time.Second
+	const timeout = 3 * time.Second
 	h := newServer(t, func(c *config.Config) {
 		c.Serve.MaxBodyBytes = unit
 		c.Serve.MaxInFlightBytes = unit
@@ -110,40 +109,29 @@ func TestBodyRoom(t *testing.T) {
 	// A first check opens the store's connections (on Citus, the
 	// coordinator's to its workers) before the timeline starts.
 	h.check("a", "warm", "1")
-	start := time.Now()
-	of := func(f float64) time.Duration { return time.Duration(f * float64(timeout)) }
-	at := func(f float64) { time.Sleep(time.Until(start.Add(of(f)))) }
 
-	// Two slow clients hold half of the room each, over [0, T] and
-	// [T/2, 1.5T] (T = the timeout): from 0.2T to 1.2T a body of the room's
-	// whole size never fits.
-	h1 := rawRequest(t, addr, unit/2, `{"service":"a",`)
-	at(0.2)
-	whole := send(h, checkOfSize("whole", unit))
-	at(0.3)
-	small := send(h, `{"service":"a","entity":"small","payload":1}`) // fits beside one holder: at once
-	at(0.5)
-	h2 := rawRequest(t, addr, unit/2, `{"service":"a",`)
-	at(1.3)
-	waits := send(h, checkOfSize("waits", unit)) // gets room when h2 gives it back at 1.5T
+	// A slow client sends 40 KiB of a 64 KiB body, then nothing: it holds
+	// room for what it sent until it is ended for its slowness (the
+	// minimum rate's grace, 1 s, and 40 KiB at 64 KiB/s: about 1.6 s).
+	began := time.Now()
+	holder := rawRequest(t, addr, unit, checkOfSize("holder", unit)[:40<<10])
+	time.Sleep(300 * time.Millisecond)
+	whole := send(h, tokenAll, checkOfSize("whole", unit)) // does not fit beside it
+	small := send(h, tokenAll, `{"service":"a","entity":"small","payload":1}`)
+	other := send(h, tokenA, checkOfSize("other", unit))
 
-	// (Sent at 0.3T: had it waited for a holder, it would end after T,
-	// taking 0.7T; behind the whole body, after 1.2T.)
-	if a := <-small; a.code != 200 || a.took > of(0.5) {
-		t.Errorf("a small check beside the holders: %v; want 200 well before %s", a, of(0.5))
+	if a := <-small; a.code != 200 || a.took > 700*time.Millisecond {
+		t.Errorf("a small check beside the holder: %v; want 200 at once", a)
 	}
-	if a := <-whole; a.code != 503 || a.retryAfter == "" || !strings.Contains(a.body, `"overloaded"`) ||
-		!strings.Contains(a.body, "serve.max_in_flight_bytes") || a.took < of(0.8) {
-		t.Errorf("a body that found no room within serve.request_timeout: %v; want 503 overloaded with Retry-After after about %s", a, timeout)
+	if a := <-other; a.code != 200 || a.took > 700*time.Millisecond {
+		t.Errorf("a whole body of another token beside the holder: %v; want 200 at once", a)
 	}
-	for i, c := range []net.Conn{h1, h2} {
-		code, _, body, err := rawResponse(c, 3*time.Second)
-		if code != 408 || !strings.Contains(body, `"body_timeout"`) {
-			t.Errorf("slow body %d: %d %s %v; want 408 body_timeout", i+1, code, body, err)
-		}
+	code, _, body, err := rawResponse(holder, 5*time.Second)
+	if held := time.Since(began); code != 408 || !strings.Contains(body, `"body_timeout"`) || !strings.Contains(body, "slower than") || held > timeout {
+		t.Errorf("the holder: %d %s %v after %s; want 408 body_timeout for its slowness, before serve.request_timeout", code, body, err, held)
 	}
-	if a := <-waits; a.code != 200 || a.took < of(0.1) {
-		t.Errorf("a body that waited for room: %v; want 200 once the room was given back", a)
+	if a := <-whole; a.code != 200 || a.took < 700*time.Millisecond {
+		t.Errorf("a body that waited for room: %v; want 200 once the holder's room was given back", a)
 	}
 
 	// Too large, announced: refused before a byte of the body is read.
@@ -165,67 +153,91 @@ func TestBodyRoom(t *testing.T) {
 		t.Errorf("128 KiB chunked: %d %s %v; want 413", code, body, err)
 	}
 	_, _, metrics := h.do("GET", "/metrics", "", "")
-	for _, want := range []string{"dam_serve_body_bytes_in_flight 0", "dam_serve_overloaded_total 1"} {
+	for _, want := range []string{"dam_serve_body_bytes_in_flight 0", "dam_serve_slow_bodies_total 1"} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s:\n%s", want, grep(metrics, "dam_serve_"))
 		}
 	}
 }
 
-// At most serve.max_connections connections are served at once. Another
-// waits, unread, for one of them to close until serve.request_timeout,
-// then gets 503 with Retry-After; while it waits, an idle keep-alive
-// connection is closed to make room for it.
+// unfinished opens a connection from the loopback address from and
+// sends the start of a request's headers.
+func unfinished(t *testing.T, addr, from string) net.Conn {
+	t.Helper()
+	c := dialFrom(t, addr, from)
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: dam\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// At most serve.max_connections connections are served at once. A new
+// connection beyond it takes the slot of one that is not serving a
+// request with a valid token: the one that has not finished its request
+// the longest (answered 503 with Retry-After), else the longest idle
+// keep-alive one. When every slot serves a request with a valid token, it
+// waits a quarter of a second for one to end, then gets 503 with
+// Retry-After.
 func TestConnectionLimit(t *testing.T) {
 	t.Parallel()
 	h := newServer(t, func(c *config.Config) {
 		c.Serve.MaxConnections = 2
-		c.Serve.RequestTimeout = time.Second
+		c.Serve.RequestTimeout = 3 * time.Second
 	})
 	addr := h.run()
-	// Two connections in the middle of their headers hold both slots, for
-	// the header timeout (5s).
-	var busy []net.Conn
-	for range 2 {
-		c, err := net.Dial("tcp", addr)
+	get := func() (int, string, string, time.Duration) {
+		client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		began := time.Now()
+		resp, err := client.Get(h.url + "/healthz")
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
-		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: dam\r\n"); err != nil {
-			t.Fatal(err)
-		}
-		busy = append(busy, c)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Retry-After"), string(body), time.Since(began)
 	}
+
+	// Two connections in the middle of their headers hold both slots; a
+	// third is served at once, the first of them answered 503.
+	busy := []net.Conn{unfinished(t, addr, "127.0.0.2")}
+	time.Sleep(50 * time.Millisecond)
+	busy = append(busy, unfinished(t, addr, "127.0.0.3"))
 	time.Sleep(100 * time.Millisecond)
-	client := &http.Client{Transport: &http.Transport{}}
-	began := time.Now()
-	resp, err := client.Get(h.url + "/healthz")
-	if err != nil {
-		t.Fatal(err)
+	if code, _, body, took := get(); code != 200 || took > time.Second {
+		t.Fatalf("beside two unfinished requests: %d after %s: %s; want 200 at once", code, took, body)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if took := time.Since(began); resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" ||
-		!strings.Contains(string(body), "serve.max_connections") || took < 800*time.Millisecond || took > 3*time.Second {
-		t.Fatalf("a third connection: %d Retry-After %q after %s: %s; want 503 with Retry-After after about 1s",
-			resp.StatusCode, resp.Header.Get("Retry-After"), took, body)
+	code, retry, body, err := rawResponse(busy[0], 2*time.Second)
+	if code != 503 || retry == "" || !strings.Contains(body, "serve.max_connections") {
+		t.Errorf("the longest unfinished request: %d Retry-After %q %s %v; want 503 with Retry-After", code, retry, body, err)
 	}
 	for _, c := range busy {
 		c.Close()
 	}
 
+	// Two requests with a valid token hold both slots (their bodies come
+	// slowly); a third connection gets 503 with Retry-After after a
+	// quarter of a second.
+	time.Sleep(100 * time.Millisecond)
+	var hogs []net.Conn
+	for _, from := range []string{"127.0.0.2", "127.0.0.3"} {
+		hogs = append(hogs, headOnly(t, addr, from, tokenAll, 100, `{"service":"a",`))
+	}
+	time.Sleep(100 * time.Millisecond)
+	if code, retry, body, took := get(); code != 503 || retry == "" || !strings.Contains(body, "serve.max_connections") ||
+		took < 200*time.Millisecond || took > 900*time.Millisecond {
+		t.Errorf("beside two requests with a valid token: %d Retry-After %q after %s: %s; want 503 with Retry-After after a quarter of a second", code, retry, took, body)
+	}
+	for _, c := range hogs {
+		if code, _, body, err := rawResponse(c, 3*time.Second); code != 408 {
+			t.Errorf("a slow body: %d %s %v; want 408", code, body, err)
+		}
+	}
+
 	// Two idle keep-alive connections hold both slots; a third is served
 	// at once, one of the idle ones being closed for it.
 	idle := twoIdle(t, addr)
-	began = time.Now()
-	resp, err = client.Get(h.url + "/healthz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if took := time.Since(began); resp.StatusCode != 200 || took >= time.Second { // (waiting, it would get 503 after 1s)
-		t.Fatalf("beside two idle connections: %d after %s; want 200 at once", resp.StatusCode, took)
+	if code, _, _, took := get(); code != 200 || took >= time.Second {
+		t.Fatalf("beside two idle connections: %d after %s; want 200 at once", code, took)
 	}
 	closed := 0
 	for _, c := range idle {
@@ -236,6 +248,33 @@ func TestConnectionLimit(t *testing.T) {
 	}
 	if closed != 1 {
 		t.Fatalf("%d idle connections closed for the new one, want 1", closed)
+	}
+	_, _, metrics := h.do("GET", "/metrics", "", "")
+	for _, want := range []string{"dam_serve_connections_refused_total 1", `dam_serve_connections_evicted_total{state="unfinished"} 1`,
+		`dam_serve_connections_evicted_total{state="idle"}`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s:\n%s", want, grep(metrics, "dam_serve_connections"))
+		}
+	}
+}
+
+// Past serve.max_connections_per_address, a connection gets 503 with
+// Retry-After at once, whatever the connections of its address do; other
+// addresses are served.
+func TestConnectionsPerAddress(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, func(c *config.Config) { c.Serve.MaxConnectionsPerAddress = 2 })
+	addr := h.run()
+	dialFrom(t, addr, "127.0.0.4")
+	dialFrom(t, addr, "127.0.0.4")
+	c := dialFrom(t, addr, "127.0.0.4")
+	began := time.Now()
+	if code, retry, body, err := rawResponse(c, 2*time.Second); code != 503 || retry == "" ||
+		!strings.Contains(body, "serve.max_connections_per_address") || time.Since(began) > 500*time.Millisecond {
+		t.Errorf("a third connection of one address: %d Retry-After %q %s %v; want 503 with Retry-After at once", code, retry, body, err)
+	}
+	if got := h.check("a", "other-address", "1"); got != "forward" {
+		t.Errorf("a check from another address: %s", got)
 	}
 	_, _, metrics := h.do("GET", "/metrics", "", "")
 	if !strings.Contains(metrics, "dam_serve_connections_refused_total 1") {

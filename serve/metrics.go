@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -23,6 +24,9 @@ type metrics struct {
 	overloaded   prometheus.Counter
 	conns        prometheus.Gauge
 	connsRefused prometheus.Counter
+	connsEvicted *prometheus.CounterVec
+	slowBodies   prometheus.Counter
+	httpErrors   prometheus.Counter
 
 	// services are the service label values besides "other": the
 	// configured services (routes, and services named by tokens).
@@ -78,7 +82,19 @@ func newMetrics(reg prometheus.Registerer, services map[string]bool) *metrics {
 		}),
 		connsRefused: f.NewCounter(prometheus.CounterOpts{
 			Name: "dam_serve_connections_refused_total",
-			Help: "Connections answered 503 (or closed) because none of serve.max_connections freed up in time.",
+			Help: "Connections answered 503 (or, past the refusals being written at once, closed): no connection to close for room within serve.max_connections, or past serve.max_connections_per_address.",
+		}),
+		connsEvicted: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dam_serve_connections_evicted_total",
+			Help: "Connections closed to make room for a new one, by what they were doing: unfinished (no complete request yet: a silent or slow client, a TLS handshake), idle (keep-alive), untrusted (a request without a valid token, or past its token's share, for more than a second).",
+		}, []string{"state"}),
+		slowBodies: f.NewCounter(prometheus.CounterOpts{
+			Name: "dam_serve_slow_bodies_total",
+			Help: "Request bodies ended with 408: slower than the minimum rate, or not whole within serve.request_timeout.",
+		}),
+		httpErrors: f.NewCounter(prometheus.CounterOpts{
+			Name: "dam_serve_http_errors_total",
+			Help: "Errors of the HTTP server (TLS handshakes, panics); its log of them is rate-limited.",
 		}),
 		separated: f.NewCounter(prometheus.CounterOpts{
 			Name: "dam_serve_separated_checks_total",
@@ -94,15 +110,23 @@ func (m *metrics) decision(service string, d dedup.Decision) {
 	m.decisions.WithLabelValues(service, d.String()).Inc()
 }
 
-// statusWriter remembers the status code written.
+// statusWriter remembers the status code written, and closes the
+// connection after an answer written before the request's body was read
+// to its end (a 401 before the body, a 413, 408 or 503 that gives it up):
+// the server would otherwise read what is left of the body, at the
+// client's pace, before the next request, holding the connection.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	body   *eofReader // nil without a body
 }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
+		if w.body != nil && !w.body.eof {
+			w.Header().Set("Connection", "close")
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -113,9 +137,23 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
-		w.status = http.StatusOK
+		w.WriteHeader(http.StatusOK)
 	}
 	return w.ResponseWriter.Write(b)
+}
+
+// eofReader is a request body that notes when it was read to its end.
+type eofReader struct {
+	io.ReadCloser
+	eof bool
+}
+
+func (r *eofReader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	if err == io.EOF {
+		r.eof = true
+	}
+	return n, err
 }
 
 // instrument counts and times an endpoint's requests.
@@ -125,6 +163,10 @@ func (s *Server) instrument(endpoint string, h http.HandlerFunc) http.Handler {
 		start := time.Now()
 		s.metrics.inFlight.Inc()
 		sw := &statusWriter{ResponseWriter: w}
+		if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+			sw.body = &eofReader{ReadCloser: r.Body}
+			r.Body = sw.body
+		}
 		h(sw, r)
 		s.metrics.inFlight.Dec()
 		seconds.Observe(time.Since(start).Seconds())

@@ -30,12 +30,17 @@
 //
 // Everything a client controls is bounded: identities by dedup's limits
 // (400, before the store), bodies by serve.max_body_bytes (413), the
-// bodies being read or decoded at once by serve.max_in_flight_bytes and
-// the connections by serve.max_connections (beyond either, a request waits
-// up to serve.request_timeout, then gets 503 overloaded with Retry-After),
-// every phase of a connection by a timeout (a body that does not arrive
-// within serve.request_timeout of finding room: 408), the service label
-// values by the configuration.
+// bodies being read or decoded at once by each token's share of
+// serve.max_in_flight_bytes, taken as they arrive (see room; beyond it, a
+// request waits up to serve.request_timeout, then gets 503 overloaded
+// with Retry-After), a body's pace by a minimum rate (408), the
+// connections by serve.max_connections and
+// serve.max_connections_per_address (see connLimit: a silent connection
+// holds no slot, and a connection beyond the bound takes one that serves
+// no request with a valid token, or gets 503 with Retry-After within a
+// quarter of a second), every phase of a connection by a timeout, the
+// service label values by the configuration, the HTTP server's error log
+// by a rate.
 //
 // Metrics (all on the registry given to New):
 //
@@ -48,8 +53,13 @@
 //	dam_serve_in_flight                          requests being served
 //	dam_serve_body_bytes_in_flight               room taken by the bodies being read or decoded
 //	dam_serve_overloaded_total                   requests answered 503: no room for the body in time
+//	dam_serve_slow_bodies_total                  bodies ended with 408: too slow, or past request_timeout
 //	dam_serve_connections                        connections being served
-//	dam_serve_connections_refused_total          connections answered 503 (or closed): none freed in time
+//	dam_serve_connections_refused_total          connections answered 503 (or closed): no slot in time,
+//	                                             or past serve.max_connections_per_address
+//	dam_serve_connections_evicted_total{state}   connections closed to make room: silent, unfinished,
+//	                                             idle, untrusted
+//	dam_serve_http_errors_total                  the HTTP server's errors (its log is rate-limited)
 //	dam_serve_combined_checks                    single checks decided per transaction
 //	dam_serve_separated_checks_total             single checks decided again one by one after the
 //	                                             store refused their shared transaction
@@ -100,8 +110,7 @@ type Server struct {
 	hashers  map[string]*canon.Hasher // by service, from the routes
 	fallback *canon.Hasher            // canon's defaults
 	tokens   []token
-	deciders int // combining deciders: postgres.max_conns
-	room     *room
+	deciders int           // combining deciders: postgres.max_conns
 	certs    *certReloader // nil without serve.tls
 	ready    readiness
 	timeouts timeouts
@@ -119,6 +128,7 @@ type token struct {
 	any      bool
 	services map[string]bool
 	key      string // the configuration key it came from, for logs
+	room     *room  // its share of the bodies in flight
 }
 
 // New builds the service from the configuration's serve section and
@@ -146,7 +156,6 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 	}
 	s.metrics = newMetrics(s.reg, services)
 	s.ready = readiness{store: store, log: s.log}
-	s.room = newRoom(int64(cfg.Serve.MaxInFlightBytes), s.metrics.bodyBytes.Set)
 	s.timeouts = newTimeouts(cfg.Serve.RequestTimeout)
 	var err error
 	if t := cfg.Serve.TLS; t.Enabled() {
@@ -175,8 +184,10 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 	if len(resolved) == 0 {
 		return nil, fmt.Errorf("serve.tokens: %w: at least one token (or set %sSERVE_TOKEN)", config.ErrRequired, config.EnvPrefix)
 	}
+	share := tokenShare(cfg.Serve.MaxInFlightBytes, cfg.Serve.MaxBodyBytes, len(resolved))
 	for _, rt := range resolved {
-		t := token{sum: sha256.Sum256([]byte(rt.Token)), services: map[string]bool{}, key: rt.Key}
+		t := token{sum: sha256.Sum256([]byte(rt.Token)), services: map[string]bool{}, key: rt.Key,
+			room: newRoom(share, s.metrics.bodyBytes)}
 		for _, svc := range rt.Services {
 			if svc == config.AnyService {
 				t.any = true
@@ -198,7 +209,8 @@ func (s *Server) hasher(service string) *canon.Hasher {
 
 // authenticate returns the token presented in r's Authorization header, or
 // nil. Every configured token is compared, in constant time, whichever
-// matches.
+// matches. A request with a valid token is one whose connection is not
+// closed to make room for another (see connLimit.trust).
 func (s *Server) authenticate(r *http.Request) *token {
 	h := r.Header.Get("Authorization")
 	const prefix = "bearer "
@@ -215,7 +227,9 @@ func (s *Server) authenticate(r *http.Request) *token {
 	if match < 0 {
 		return nil
 	}
-	return &s.tokens[match]
+	t := &s.tokens[match]
+	trustRequest(r, t)
+	return t
 }
 
 func (t *token) allows(service string) bool { return t.any || t.services[service] }
@@ -277,9 +291,9 @@ const maxHeaderBytes = 16 << 10
 func newTimeouts(request time.Duration) timeouts {
 	const header = 5 * time.Second
 	return timeouts{
-		// A request waits for room up to serve.request_timeout, then reads
-		// its body and decides within serve.request_timeout, then writes
-		// its answer.
+		// A request reads its body (waiting for room included) within
+		// serve.request_timeout, then decides within serve.request_timeout,
+		// then writes its answer.
 		header: header,
 		read:   2*request + header,
 		write:  2*request + 10*time.Second,
@@ -292,15 +306,15 @@ func newTimeouts(request time.Duration) timeouts {
 // serve.shutdown_grace. It returns nil after a clean shutdown.
 //
 // It serves at most serve.max_connections connections at once (see
-// connLimit), over TLS with serve.tls, and speaks HTTP/1.1 only: one
-// request per connection at a time, so that the connection bound is also
-// the bound of the requests in flight.
+// connLimit), over TLS with serve.tls (AEAD suites only), and speaks
+// HTTP/1.1 only: one request per connection at a time, so that the
+// connection bound is also the bound of the requests in flight.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	var tlsConfig *tls.Config
 	if s.certs != nil {
 		tlsConfig = s.certs.tlsConfig()
 	}
-	limit := newConnLimit(ln, s.cfg.MaxConnections, s.cfg.RequestTimeout, tlsConfig, s.metrics)
+	limit := newConnLimit(ln, s.cfg.MaxConnections, s.cfg.MaxConnectionsPerAddress, len(s.tokens), tlsConfig, s.metrics)
 	var served net.Listener = limit
 	if tlsConfig != nil {
 		served = tls.NewListener(limit, tlsConfig)
@@ -316,9 +330,10 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		MaxHeaderBytes:    maxHeaderBytes,
 		Protocols:         &protocols,
 		ConnState:         limit.connState,
+		ConnContext:       withConn,
 		// Requests outlive ctx's cancellation: shutdown lets them finish.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-		ErrorLog:    zap.NewStdLog(s.log.Named("http")),
+		ErrorLog:    newErrorLog(s.log.Named("http"), s.metrics.httpErrors),
 	}
 	s.Start(ctx)
 	defer s.Close() // after the shutdown: no request is left to answer

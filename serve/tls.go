@@ -101,11 +101,24 @@ func (r *certReloader) reload() {
 	r.log.Info("serve: TLS certificate reloaded", zap.String("cert_file", r.certFile))
 }
 
-// tlsConfig is the server's TLS configuration: TLS 1.2 or later, HTTP/1.1
-// only (see Server.Run), the certificate from r.
+// aeadSuites are the TLS 1.2 cipher suites offered: ECDHE with an AEAD
+// only (no CBC, no SHA-1 MAC, no RSA key exchange). TLS 1.3's suites are
+// all AEAD, and not configurable.
+var aeadSuites = []uint16{
+	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+}
+
+// tlsConfig is the server's TLS configuration: TLS 1.2 or later with AEAD
+// suites only, HTTP/1.1 only (see Server.Run), the certificate from r.
 func (r *certReloader) tlsConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:     tls.VersionTLS12,
+		CipherSuites:   aeadSuites,
 		GetCertificate: r.getCertificate,
 		NextProtos:     []string{"http/1.1"},
 	}

@@ -2,6 +2,7 @@ package serve_test
 
 import (
 	"crypto/tls"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -10,7 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testcert"
 	"github.com/dam-dedup/dam/serve"
 )
@@ -116,33 +122,120 @@ func TestTLS(t *testing.T) {
 	}
 
 	// A connection beyond serve.max_connections is refused over TLS too:
-	// a silent connection holds the one slot (for the handshake timeout).
-	// While a connection of the requests above still holds the slot (its
-	// close reaches the server a little later, more so on a loaded
-	// machine), the silent one waits for it in the one waiting place, and
-	// the request is closed unanswered: try again until that has passed.
+	// a request with a valid token whose body comes slowly holds the one
+	// slot (until its slowness ends it, after a second). While a
+	// connection of the requests above still holds the slot (its close
+	// reaches the server a little later, more so on a loaded machine),
+	// the slow request itself may be refused: try again until it is in.
 	var resp *http.Response
 	deadline = time.Now().Add(10 * time.Second)
 	for {
-		silent, err := net.Dial("tcp", addr)
+		hog, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer silent.Close()
-		time.Sleep(100 * time.Millisecond)
-		resp, err = h.client.Get(url + "/healthz")
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
+		defer hog.Close()
+		if _, err := io.WriteString(hog, "POST /v1/check HTTP/1.1\r\nHost: dam\r\nAuthorization: Bearer "+tokenAll+"\r\nContent-Length: 100\r\n\r\n{"); err != nil {
 			t.Fatal(err)
 		}
-		silent.Close()
+		time.Sleep(100 * time.Millisecond)
+		resp, err = h.client.Get(url + "/healthz")
+		if err == nil && resp.StatusCode == 503 {
+			break
+		}
+		if err == nil {
+			resp.Body.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("beyond serve.max_connections over TLS: %v %v", resp, err)
+		}
+		hog.Close()
 		time.Sleep(200 * time.Millisecond)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
-		t.Fatalf("beyond serve.max_connections over TLS: %d Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	if resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("beyond serve.max_connections over TLS: %d without Retry-After", resp.StatusCode)
+	}
+}
+
+// TLS 1.2 offers AEAD suites only: a client offering only CBC suites
+// with SHA-1 (ECDHE-ECDSA-AES128-SHA and the like) fails its handshake;
+// one offering GCM succeeds.
+func TestTLSSuites(t *testing.T) {
+	t.Parallel()
+	ca := testcert.NewCA(t, "dam-serve-test")
+	p := ca.Issue(t, "serve", "127.0.0.1")
+	h := newServer(t, func(c *config.Config) { c.Serve.TLS = config.ServeTLS{CertFile: p.CertFile, KeyFile: p.KeyFile} })
+	addr := h.run()
+	dial := func(suites ...uint16) error {
+		c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12, MaxVersion: tls.VersionTLS12, CipherSuites: suites})
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	for _, suite := range []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA, tls.TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA,
+		tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256, tls.TLS_ECDHE_ECDSA_WITH_RC4_128_SHA} {
+		if err := dial(suite); err == nil {
+			t.Errorf("TLS 1.2 with %s: negotiated; want a handshake failure", tls.CipherSuiteName(suite))
+		}
+	}
+	for _, suite := range []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256} {
+		if err := dial(suite); err != nil {
+			t.Errorf("TLS 1.2 with %s: %v", tls.CipherSuiteName(suite), err)
+		}
+	}
+}
+
+// The HTTP server's error log is rate-limited: plaintext connections to
+// the TLS port (each a handshake error) write a few lines, not one each;
+// every error is counted in dam_serve_http_errors_total.
+func TestHTTPErrorLogRate(t *testing.T) {
+	t.Parallel()
+	ca := testcert.NewCA(t, "dam-serve-test")
+	p := ca.Issue(t, "serve", "127.0.0.1")
+	core, logs := observer.New(zap.InfoLevel)
+	reg := prometheus.NewRegistry()
+	dsn := pgtest.DSN(t)
+	cfg := testConfig(dsn)
+	cfg.Serve.TLS = config.ServeTLS{CertFile: p.CertFile, KeyFile: p.KeyFile}
+	srv, err := serve.New(cfg, nil, serve.WithLogger(zap.New(core)), serve.WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, srv: srv, client: http.DefaultClient}
+	addr := h.run()
+	const n = 200
+	for range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: dam\r\n\r\n")
+		_, _ = io.Copy(io.Discard, c)
+		c.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mf, _ := reg.Gather()
+		counted := 0.0
+		for _, f := range mf {
+			if f.GetName() == "dam_serve_http_errors_total" {
+				counted = f.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		if counted >= n || logs.FilterLoggerName("http").Len() >= n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("dam_serve_http_errors_total %v after %d plaintext connections", counted, n)
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	lines := logs.FilterLoggerName("http").Len()
+	if lines == 0 || lines > 11 {
+		t.Errorf("%d log lines for %d plaintext connections to the TLS port; want a few (at most 11)", lines, n)
 	}
 }
 

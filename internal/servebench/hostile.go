@@ -37,16 +37,33 @@ type hostileOptions struct {
 	Poison int
 	// MadeUp is the number of checks of made-up services ("*" token).
 	MadeUp int
+	// BodyHogs is the number of requests of another tenant (hogToken)
+	// that announce the largest body and send nothing, kept up (each
+	// sent again once answered) for HogFor (issue 34: 60).
+	BodyHogs int
+	// IdleConns is the number of connections that send nothing, kept up
+	// (each opened again once closed) for HogFor (issue 34: 2,000).
+	IdleConns int
+	// HogFor is how long the well-behaved tenant checks beside the hogs,
+	// eight at a time; each check must be answered 200, their p99 under
+	// HogP99.
+	HogFor time.Duration
+	HogP99 time.Duration
 }
 
 // fullHostile is the size the issue names.
-var fullHostile = hostileOptions{Large: 100, LargeBytes: 10_000_000, RSSLimit: 300 << 20, Good: 2000, Poison: 200, MadeUp: 5000}
+var fullHostile = hostileOptions{Large: 100, LargeBytes: 10_000_000, RSSLimit: 300 << 20, Good: 2000, Poison: 200, MadeUp: 5000,
+	BodyHogs: 60, IdleConns: 2000, HogFor: 10 * time.Second, HogP99: 250 * time.Millisecond}
+
+// hogToken is the token of the tenant whose requests hog bodies.
+const hogToken = "servebench-hog-tenant-9f8e7d6c5b4a"
 
 // hostileServeConfig is the serve section the run needs beyond the
 // defaults: bodies of 10 MB are allowed, so that what bounds their memory
-// is what is in flight, not their size; the rest (in flight, connections,
-// timeouts) are dam's defaults.
-const hostileServeConfig = "  max_body_bytes: 16777216\n"
+// is what is in flight, not their size, and a second tenant's token (the
+// body hogs'); the rest (in flight, connections, timeouts) are dam's
+// defaults.
+const hostileServeConfig = "  max_body_bytes: 16777216\n  tokens:\n    - token: " + hogToken + "\n      services: [\"*\"]\n"
 
 // refusedWhileSending is a large body's answer when the connection was
 // reset while the client was still sending it.
@@ -63,6 +80,7 @@ type hostileResult struct {
 	PoisonBad    []string       // poison checks not answered 400 naming their field
 	MetricsBytes int            // size of /metrics after the made-up services
 	MetricsLeak  bool           // a made-up service is a label value
+	Hogs         hogResult
 	Took         time.Duration
 }
 
@@ -86,6 +104,14 @@ func (r hostileResult) failures(o hostileOptions) []string {
 	if r.MetricsLeak || r.MetricsBytes > 64<<10 {
 		out = append(out, fmt.Sprintf("/metrics is %d bytes after %d made-up services (a made-up service labelled: %v)", r.MetricsBytes, o.MadeUp, r.MetricsLeak))
 	}
+	if h := r.Hogs; o.HogFor > 0 {
+		if h.NotOK > 0 {
+			out = append(out, fmt.Sprintf("beside the hogs, %d of %d checks not answered 200, e.g. %s", h.NotOK, h.Checks, h.Bad[0]))
+		}
+		if h.Checks == 0 || h.P99 >= o.HogP99 {
+			out = append(out, fmt.Sprintf("beside the hogs, %d checks with p99 %s, not under %s", h.Checks, h.P99.Round(time.Millisecond), o.HogP99))
+		}
+	}
 	return out
 }
 
@@ -96,6 +122,11 @@ func (r hostileResult) String() string {
 	fmt.Fprintf(&b, "good checks during the flood: %d, %d answered 200, %d not\n", r.Good, r.GoodOK, len(r.GoodBad))
 	fmt.Fprintf(&b, "bad identities: %d not answered 400 naming the field\n", len(r.PoisonBad))
 	fmt.Fprintf(&b, "/metrics: %d bytes after the made-up services\n", r.MetricsBytes)
+	if h := r.Hogs; h.Checks > 0 {
+		fmt.Fprintf(&b, "beside %d body hogs (%d requests, answered %v) and %d idle connections (%d opened): %d checks, %d not 200, p50 %s p99 %s max %s\n",
+			h.BodyHogs, h.BodyRequests, h.BodyAnswers, h.IdleConns, h.IdleOpened, h.Checks, h.NotOK,
+			h.P50.Round(time.Millisecond), h.P99.Round(time.Millisecond), h.Max.Round(time.Millisecond))
+	}
 	return b.String()
 }
 
@@ -292,6 +323,10 @@ func runHostile(url string, pid int, o hostileOptions) (hostileResult, error) {
 	}
 	close(jobsM)
 	made.Wait()
+	if o.HogFor > 0 {
+		res.Hogs = runHogs(url, o)
+	}
+
 	resp, err := client.Get(url + "/metrics")
 	if err != nil {
 		return res, err
