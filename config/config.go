@@ -390,12 +390,13 @@ func (r Route) IDSource() EntitySource { return r.idFrom }
 func (r Route) VersionSource() EntitySource { return r.versionFrom }
 
 // Services returns the services the configuration names, sorted: every
-// route's, and every one a serve token allows ("*" aside).
+// route's, every one a serve token allows ("*" aside), and serve.services.
 func (c Config) Services() []string {
 	var out []string
 	for _, r := range c.Routes {
 		out = append(out, r.Service)
 	}
+	out = append(out, c.Serve.Services...)
 	for _, t := range c.Serve.Tokens {
 		for _, s := range t.Services {
 			if s != AnyService {

@@ -27,6 +27,11 @@ type Serve struct {
 	// settable from the environment. Default none. `dam serve` needs at
 	// least one token here or in Token.
 	Tokens []ServeToken `koanf:"tokens"`
+	// Services are services `dam serve` checks without a route, hashed
+	// with canon's defaults (no ignore list). A check of a service that no
+	// route, no token and no entry here names is refused (400): a typo
+	// would otherwise make state no one decides with. Default none.
+	Services []string `koanf:"services"`
 	// TLS serves the API over HTTPS when set. Default off: plain HTTP,
 	// for a mesh or a load balancer that terminates TLS.
 	TLS ServeTLS `koanf:"tls"`
@@ -184,6 +189,11 @@ func (c *Config) validateServe(v *validator) {
 			}
 		}
 	}
+	for i, svc := range s.Services {
+		if svc == "" || svc == AnyService {
+			v.addf(fmt.Sprintf("serve.services[%d]", i), "want a service name, got %q", svc)
+		}
+	}
 	if s.MaxBodyBytes <= 0 {
 		v.addf("serve.max_body_bytes", "must be positive, got %d", s.MaxBodyBytes)
 	}
@@ -217,6 +227,9 @@ func (c *Config) validateForServe(v *validator) {
 	}
 	if c.Serve.Token == "" && len(c.Serve.Tokens) == 0 {
 		v.addf("serve.tokens", "required: at least one token (or set %sSERVE_TOKEN)", EnvPrefix)
+	}
+	if len(c.Services()) == 0 {
+		v.addf("serve.services", "required: name the services dam serve checks, as routes or in serve.services (a token's %q names none)", AnyService)
 	}
 }
 

@@ -78,7 +78,7 @@ func TestServeValidateErrors(t *testing.T) {
 
 // dam serve needs no Kafka and no routes, but a token.
 func TestLoadServe(t *testing.T) {
-	path := writeFile(t, `postgres: {dsn: "postgres://dam@localhost/dam"}`+"\n")
+	path := writeFile(t, `postgres: {dsn: "postgres://dam@localhost/dam"}`+"\nserve: {services: [a]}\n")
 	if _, err := Load(path, nil); err == nil {
 		t.Fatal("Load without kafka and routes succeeded")
 	}
@@ -174,4 +174,15 @@ func TestRedactedServeTokens(t *testing.T) {
 	if err != nil || strings.Contains(string(out), longToken) {
 		t.Fatalf("secret printed (%v):\n%s", err, out)
 	}
+}
+
+// dam serve needs at least one service named: by a route, a token, or
+// serve.services; a "*" token names none.
+func TestServeNeedsAService(t *testing.T) {
+	path := writeFile(t, `postgres: {dsn: "postgres://dam@localhost/dam"}`+"\n")
+	_, err := LoadServe(path, []string{"DAM_SERVE_TOKEN=" + longToken})
+	wantProblem(t, err, "serve.services", "required")
+	path = writeFile(t, `postgres: {dsn: "postgres://dam@localhost/dam"}`+"\nserve: {services: [\"*\"]}\n")
+	_, err = LoadServe(path, []string{"DAM_SERVE_TOKEN=" + longToken})
+	wantProblem(t, err, "serve.services[0]", "want a service name")
 }

@@ -131,6 +131,9 @@ func (s *Server) parse(c *checkRequest, prefix string) (dedup.CheckItem, *apiErr
 	if err := dedup.CheckService(*c.Service); err != nil {
 		return dedup.CheckItem{}, identityError(prefix+"service", err)
 	}
+	if e := s.unknownService(prefix+"service", *c.Service); e != nil {
+		return dedup.CheckItem{}, e
+	}
 	var entity []byte
 	field := prefix + "entity"
 	switch {
@@ -552,6 +555,9 @@ func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (string, 
 		return "", nil, false
 	}
 	service, entity, e := pathIdentity(r)
+	if e == nil {
+		e = s.unknownService("service", service)
+	}
 	if e != nil {
 		writeError(w, e.status, e.code, e.msg)
 		return "", nil, false

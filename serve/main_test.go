@@ -24,8 +24,8 @@ const (
 	tokenA   = "service-a-token-0123456789"
 )
 
-// testConfig has a route for service "a" that ignores /ts, a token for
-// every service and one for "a" only.
+// testConfig has a route for service "a" that ignores /ts, services
+// checked without a route, a token for every service and one for "a" only.
 func testConfig(dsn string) config.Config {
 	c := config.Default()
 	c.Postgres.DSN = dsn
@@ -36,6 +36,8 @@ func testConfig(dsn string) config.Config {
 	c.Routes = []config.Route{r}
 	c.Serve.Token = tokenAll
 	c.Serve.Tokens = []config.ServeToken{{Token: tokenA, Services: []string{"a"}}}
+	// The services the tests check without a route (canon's defaults).
+	c.Serve.Services = []string{"b", "raw", "nul", "evil", "t", "customer-2", "svc"}
 	return c
 }
 

@@ -29,13 +29,14 @@ type metrics struct {
 	httpErrors   prometheus.Counter
 
 	// services are the service label values besides "other": the
-	// configured services (routes, and services named by tokens).
+	// configured services (config.Services: routes, tokens' services,
+	// serve.services), the only ones checked.
 	services map[string]bool
 }
 
-// otherService is the service label of every service that is not
-// configured: a "*" token may send any name, and each would otherwise be
-// a series of its own.
+// otherService is the service label of a service that is not configured
+// (none is checked: a guard, so that a name a client sends never becomes
+// a series of its own).
 const otherService = "other"
 
 func newMetrics(reg prometheus.Registerer, services map[string]bool) *metrics {

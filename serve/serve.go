@@ -47,8 +47,8 @@
 //	dam_serve_requests_total{endpoint,code}      requests by endpoint and HTTP status
 //	dam_serve_request_seconds{endpoint}          request latency
 //	dam_serve_decisions_total{service,decision}  forward and duplicate answers, by configured
-//	                                             service (routes, and tokens' services); "other"
-//	                                             for the rest
+//	                                             service (routes, tokens' services,
+//	                                             serve.services; no other is checked)
 //	dam_serve_store_errors_total                 store errors (answered 503, or 500)
 //	dam_serve_in_flight                          requests being served
 //	dam_serve_body_bytes_in_flight               room taken by the bodies being read or decoded
@@ -74,6 +74,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -109,11 +110,15 @@ type Server struct {
 
 	hashers  map[string]*canon.Hasher // by service, from the routes
 	fallback *canon.Hasher            // canon's defaults
-	tokens   []token
-	deciders int           // combining deciders: postgres.max_conns
-	certs    *certReloader // nil without serve.tls
-	ready    readiness
-	timeouts timeouts
+	// known are the services the configuration names (config.Services):
+	// a check of any other is refused, listing them (knownList).
+	known     map[string]bool
+	knownList string
+	tokens    []token
+	deciders  int           // combining deciders: postgres.max_conns
+	certs     *certReloader // nil without serve.tls
+	ready     readiness
+	timeouts  timeouts
 
 	draining atomic.Bool // shutting down: not ready
 
@@ -143,16 +148,11 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 	if s.reg == nil {
 		s.reg = prometheus.NewRegistry()
 	}
+	// The services the configuration names are the only ones checked,
+	// and the only label values (config.Services).
 	services := map[string]bool{}
-	for _, r := range cfg.Routes {
-		services[r.Service] = true
-	}
-	for _, t := range cfg.Serve.Tokens {
-		for _, svc := range t.Services {
-			if svc != config.AnyService {
-				services[svc] = true
-			}
-		}
+	for _, svc := range cfg.Services() {
+		services[svc] = true
 	}
 	s.metrics = newMetrics(s.reg, services)
 	s.ready = readiness{store: store, log: s.log}
@@ -166,6 +166,8 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 	if s.fallback, err = canon.New(); err != nil {
 		return nil, err
 	}
+	s.known = services
+	s.knownList = knownList(cfg.Services())
 	for i, r := range cfg.Routes {
 		f, err := canon.ParseFormat(r.Format)
 		if err != nil {
@@ -364,4 +366,29 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 // unreachable, the outcome unknown, or the request ran out of time.
 func isUnavailable(err error) bool {
 	return errors.Is(err, dedup.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// knownList names the known services for an error message, the first 20.
+func knownList(names []string) string {
+	if len(names) == 0 {
+		return "the configuration names no service"
+	}
+	q := make([]string, 0, min(len(names), 20))
+	for _, n := range names[:min(len(names), 20)] {
+		q = append(q, strconv.Quote(n))
+	}
+	more := ""
+	if len(names) > 20 {
+		more = fmt.Sprintf(" and %d more", len(names)-20)
+	}
+	return "the configuration knows " + strings.Join(q, ", ") + more
+}
+
+// unknownService refuses a service the configuration does not name.
+func (s *Server) unknownService(field, service string) *apiError {
+	if s.known[service] {
+		return nil
+	}
+	return badRequest(codeBadField, "%s %q: unknown service (a route, a token or serve.services names each one): %s",
+		field, truncate(service, dedup.MaxServiceBytes), s.knownList)
 }

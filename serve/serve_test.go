@@ -331,3 +331,28 @@ func TestHealthMetrics(t *testing.T) {
 		t.Fatal("a token in the metrics")
 	}
 }
+
+// A check or a state request for a service that no route, no token and
+// no serve.services entry names is refused with 400 naming the known
+// services, and makes no state: a typo ("emial") would otherwise be
+// decided with canon's defaults, and every such check forwarded.
+func TestUnknownServiceRefused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	code, _, body := h.do("POST", "/v1/check", tokenAll, `{"service":"emial","entity":"e","payload":{"a":1}}`)
+	c, msg := errorCode(t, body)
+	if code != 400 || c != "bad_field" || !strings.Contains(msg, `"emial": unknown service`) || !strings.Contains(msg, `"a", "b"`) {
+		t.Errorf("check of an unknown service: %d %s", code, body)
+	}
+	code, _, body = h.do("POST", "/v1/check:batch", tokenAll, `{"checks":[{"service":"a","entity":"e","payload":1},{"service":"emial","entity":"e","payload":1}]}`)
+	// (A batch answers each check: the unknown one alone is refused.)
+	if code != 200 || !strings.Contains(body, `"decision":"forward"`) || !strings.Contains(body, `checks[1].service \"emial\": unknown service`) {
+		t.Errorf("batch with an unknown service: %d %s", code, body)
+	}
+	if code, _, body = h.do("GET", "/v1/state/emial/e", tokenAll, ""); code != 400 || !strings.Contains(body, "unknown service") {
+		t.Errorf("state of an unknown service: %d %s", code, body)
+	}
+	if n, err := h.store.Count(context.Background(), "emial"); err != nil || n != 0 {
+		t.Errorf("state rows of the unknown service: %d, %v", n, err)
+	}
+}

@@ -136,7 +136,7 @@ func TestConfigServeOnly(t *testing.T) {
 	unsetDSN(t)
 	t.Setenv("DAM_SERVE_TOKEN", "")
 	os.Unsetenv("DAM_SERVE_TOKEN")
-	path := writeConfig(t, "postgres: {dsn: \"postgres://dam:s3cret@db/dam\"}\nserve:\n  token: serve-only-token-5f3a9c1e7b2d\n")
+	path := writeConfig(t, "postgres: {dsn: \"postgres://dam:s3cret@db/dam\"}\nserve:\n  token: serve-only-token-5f3a9c1e7b2d\n  services: [a]\n")
 	code, out, errOut := runConfig(t, "--serve", "--config", path)
 	if code != 0 || !strings.Contains(out, "listen: :8080\n") || strings.Contains(out, "serve-only-token") || strings.Contains(out, "s3cret") {
 		t.Fatalf("config --serve: exit %d, stderr %q\n%s", code, errOut, out)

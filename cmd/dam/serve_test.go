@@ -44,7 +44,7 @@ func (b *syncBuffer) String() string {
 func TestServeCommand(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "dam.yaml")
-	cfg := "postgres:\n  dsn: \"" + pgtest.DSN(t) + "\"\nserve:\n  listen: 127.0.0.1:0\n  shutdown_grace: 5s\n"
+	cfg := "postgres:\n  dsn: \"" + pgtest.DSN(t) + "\"\nserve:\n  listen: 127.0.0.1:0\n  shutdown_grace: 5s\n  services: [customer-2, a, b]\n"
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -122,9 +122,9 @@ func TestServeCommand(t *testing.T) {
 	}
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	// customer-2 has no route and no token of its own: a service a "*"
-	// token may name, counted as "other".
-	for _, want := range []string{`dam_serve_decisions_total{decision="duplicate",service="other"} 1`, "go_goroutines", "process_resident_memory_bytes"} {
+	// customer-2 has no route and no token of its own: serve.services
+	// names it, and it is counted by name.
+	for _, want := range []string{`dam_serve_decisions_total{decision="duplicate",service="customer-2"} 1`, "go_goroutines", "process_resident_memory_bytes"} {
 		if !bytes.Contains(metrics, []byte(want)) {
 			t.Errorf("metrics lack %s", want)
 		}
