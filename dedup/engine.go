@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -33,20 +34,32 @@ const (
 
 // Distributed reports whether dam's tables are distributed over Citus
 // workers: then Decide locks by writing (Citus refuses a multi-shard
-// SELECT ... FOR UPDATE). The answer is learned once and kept; a Decide
-// or a batched operation refused as Citus refuses the one-server
-// statements learns it again (relearn), so tables distributed under a
-// running dam are noticed.
+// SELECT ... FOR UPDATE). The answer is learned once and kept: on the
+// pool's first connection for a store that Open built (see learnEngine),
+// else at the first call. A Decide or a batched operation refused as Citus
+// refuses the one-server statements learns it again (relearn), so tables
+// distributed under a running dam are noticed.
 func (s *Store) Distributed(ctx context.Context) (bool, error) {
 	if e := s.engine.Load(); e != engineUnknown {
 		return e == engineDistributed, nil
 	}
+	return s.learn(ctx, s.pool)
+}
+
+// rowQuerier is what learn reads the catalog with: the pool, or a
+// connection being set up.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// learn reads the engine from the catalog over db and keeps it.
+func (s *Store) learn(ctx context.Context, db rowQuerier) (bool, error) {
 	var citus, dist bool
-	if err := s.pool.QueryRow(ctx, sqlHasCitus).Scan(&citus); err != nil {
+	if err := db.QueryRow(ctx, sqlHasCitus).Scan(&citus); err != nil {
 		return false, classify("engine", err)
 	}
 	if citus {
-		if err := s.pool.QueryRow(ctx, sqlDistributed).Scan(&dist); err != nil {
+		if err := db.QueryRow(ctx, sqlDistributed).Scan(&dist); err != nil {
 			return false, classify("engine", err)
 		}
 	}
@@ -58,21 +71,56 @@ func (s *Store) Distributed(ctx context.Context) (bool, error) {
 	return dist, nil
 }
 
+// learnEngine is run by every connection of a pool that Open built, when
+// it connects, before any statement of the store runs on it: while the
+// engine is unknown, it learns it there. So the engine is known before
+// the first statement of a fresh process, which is recovery's (Acquire,
+// InitProgress, BindTopic), not a Decide's: a Citus worker lost during a
+// dam's start is then an outage to wait out, not an error that needs a
+// person (see classify). A connection that cannot learn it fails, as a
+// connection that cannot be set up does.
+func (s *Store) learnEngine(ctx context.Context, conn *pgx.Conn) error {
+	if s.engine.Load() != engineUnknown {
+		return nil
+	}
+	_, err := s.learn(ctx, conn)
+	return err
+}
+
 // relearn learns the engine again after err, an error of the one-server
 // statements, if err may be Citus refusing them: feature_not_supported (a
 // multi-shard FOR UPDATE) or internal_error (a batch of one shard runs,
 // but a concurrent decider's unique violation comes back as XX000, with no
 // table name). It reports whether the tables are distributed now: the
 // batch is then decided again as a claim. On one server an internal error
-// stays what it was.
+// stays what it was. Until the catalog answers, the engine learned before
+// stays in place.
 func (s *Store) relearn(ctx context.Context, err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || (pgErr.Code != codeNotSupported && pgErr.Code != "XX000") {
 		return false
 	}
-	s.engine.Store(engineUnknown)
-	dist, derr := s.Distributed(ctx)
+	dist, derr := s.learn(ctx, s.pool)
 	return derr == nil && dist
+}
+
+// Transient is the package's Transient for an error of s's own
+// operations, knowing the engine: on Citus a worker's internal or I/O
+// error relayed by the coordinator is transient too (see classify). Such
+// an error met while s believed its tables local, or before it knew, makes
+// it learn the engine again first: the tables may have been distributed
+// under it. A caller that gave up on an error judges it again with this
+// before leaving it to a person (a partition whose recovery failed).
+func (s *Store) Transient(ctx context.Context, err error) bool {
+	if Transient(err) {
+		return true
+	}
+	if remoteCode(err) && s.engine.Load() != engineDistributed {
+		if _, lerr := s.learn(ctx, s.pool); lerr != nil {
+			return false
+		}
+	}
+	return s.remoteFailure(err)
 }
 
 // classify is the package's classify, knowing the engine. On Citus a
@@ -93,7 +141,24 @@ func (s *Store) classify(op string, err error) error {
 // remoteFailure reports an error that classify makes ErrUnavailable on
 // Citus only (see classify), and not already so.
 func (s *Store) remoteFailure(err error) bool {
+	return err != nil && s.engine.Load() == engineDistributed && !errors.Is(err, ErrUnavailable) && remoteCode(err)
+}
+
+// remoteCode reports an internal_error or io_error: what a Citus
+// coordinator relays of a worker's failure.
+func remoteCode(err error) bool {
 	var pgErr *pgconn.PgError
-	return err != nil && s.engine.Load() == engineDistributed && !errors.Is(err, ErrUnavailable) &&
-		errors.As(err, &pgErr) && (pgErr.Code == "XX000" || pgErr.Code == "58030")
+	return errors.As(err, &pgErr) && (pgErr.Code == "XX000" || pgErr.Code == "58030")
+}
+
+// WorkerFailure reports an error that the store made ErrUnavailable only
+// because it runs on Citus: a worker's internal or I/O error relayed by
+// the coordinator (see classify). Mostly a worker lost in the middle of a
+// statement, gone at the next try; but Citus relays some errors that a
+// record's own content causes on a worker the same way, and those fail at
+// every try. A decider bounds its tries of such an error, then tells the
+// record's fault from an outage by deciding the records one at a time
+// (package pipeline's decideApart).
+func WorkerFailure(err error) bool {
+	return errors.Is(err, ErrUnavailable) && remoteCode(err)
 }

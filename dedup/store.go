@@ -65,7 +65,9 @@ type Store struct {
 // an unreachable server shows up as ErrUnavailable on first use, so a
 // sidecar can start (and report not-ready) while PostgreSQL is down.
 // Each session holds the schema's advisory lock shared (see LockSchema),
-// one statement when it connects.
+// one statement when it connects; the first sessions also learn whether
+// the tables are distributed over Citus (Distributed), before the store
+// runs anything on them.
 func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 	pc, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -88,8 +90,10 @@ func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 		}
 		cc.RuntimeParams["application_name"] = name
 	}
+	s := &Store{owns: true}
 	// Every session holds the schema's lock shared: `dam migrate --down`
-	// refuses to drop the tables under it (LockSchema).
+	// refuses to drop the tables under it (LockSchema). The pool's first
+	// sessions learn the engine (learnEngine).
 	after := pc.AfterConnect
 	pc.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
 		if after != nil {
@@ -98,14 +102,17 @@ func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 			}
 		}
 		registerArrays(conn)
-		_, err := conn.Exec(ctx, sqlSchemaShared)
-		return err
+		if _, err := conn.Exec(ctx, sqlSchemaShared); err != nil {
+			return err
+		}
+		return s.learnEngine(ctx, conn)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, classify("open", err)
 	}
-	return &Store{pool: pool, owns: true}, nil
+	s.pool = pool
+	return s, nil
 }
 
 func orDefault(d, def time.Duration) time.Duration {
@@ -127,6 +134,10 @@ func setParam(params map[string]string, name string, d, def time.Duration) {
 }
 
 // NewStore uses a pool the caller built and owns: Close does not close it.
+// Its connections do not learn the engine (Open's do): the store learns
+// it at its first Decide, check or batched operation (Distributed), and
+// until then takes a Citus worker's relayed failure for an error that
+// needs a person (see Store.Transient).
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
 // Pool returns the underlying pool.

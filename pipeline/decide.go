@@ -152,10 +152,11 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 	}
 
 	decisions, undecided, err := w.decide(b)
-	if err != nil && dedup.RecordError(err) {
+	if err != nil && (dedup.RecordError(err) || workerFailed(err)) {
 		// The store refuses something of the batch that the checks before
-		// it did not catch: find the record, so that it alone is bad
-		// input and the partition goes on.
+		// it did not catch (or, on Citus, fails on it try after try): find
+		// the record, so that it alone is bad input and the partition goes
+		// on.
 		var n int
 		var stop error
 		how := apartLetter
@@ -245,9 +246,10 @@ const (
 
 // decideApart decides b's records one at a time, each in a transaction
 // of its own, after b as a whole failed with an error the store may have
-// because of a record (first, dedup.RecordError). A record the store
-// refuses alone is decided again as invalid (it changes no state), and
-// how says what it is then:
+// because of a record (first: dedup.RecordError, or workerFailed). A
+// record the store refuses alone (or fails on alone, try after try, while
+// it answers for the record's identity: decideBounded) is decided again as
+// invalid (it changes no state), and how says what it is then:
 //   - apartLetter: bad input, its dead letter's cause the store's error,
 //     kept in the decision log for a recovery to name it again. On a route
 //     without a dead-letter topic the partition halts at it instead: n is
@@ -276,12 +278,10 @@ func (w *worker) decideApart(b *dedup.Batch, causes *[]error, how apart, first e
 		one := *b
 		one.Start, one.End, one.Records = next, end, b.Records[i:i+1]
 		decideOne := func() ([]dedup.Decision, error) {
-			return retryStep(w, sideDecide, "decide", w.d.metrics.storeErrors, func() ([]dedup.Decision, error) {
-				return w.decideResolving(&one)
-			})
+			return w.decideBounded(&one, func() bool { return !r.Invalid && w.answersFor(r) })
 		}
 		d, err := decideOne()
-		if err != nil && !r.Invalid && dedup.RecordError(err) {
+		if err != nil && !r.Invalid && (dedup.RecordError(err) || workerFailed(err)) {
 			if how == apartLetter && w.rt.dlq == "" {
 				b.End = next
 				return decisions, i, fmt.Errorf("%w: %s/%d offset %d: the store refuses the record: %s (route %s has no dead_letter topic)",
@@ -353,9 +353,7 @@ func (w *worker) decide(b *dedup.Batch) (decisions []dedup.Decision, undecided b
 		}
 		return decisions, false, err
 	}
-	decisions, err = retryStep(w, sideDecide, "decide", w.d.metrics.storeErrors, func() ([]dedup.Decision, error) {
-		return w.decideResolving(b)
-	})
+	decisions, err = w.decideBounded(b, nil)
 	return decisions, false, err
 }
 
@@ -532,4 +530,74 @@ func (w *worker) send(j *job) error {
 	case <-w.ctx.Done():
 		return w.ctx.Err()
 	}
+}
+
+// workerFailureTries bounds the tries of one batch, or of one record
+// decided alone, that fail on a Citus worker's relayed error
+// (dedup.WorkerFailure). Such an error is mostly a worker lost in the
+// middle of the statement, gone at the next try; but Citus relays some
+// errors that a record's own content causes on a worker the same way, and
+// those fail at every try: unbounded, the partition would retry that
+// record forever.
+const workerFailureTries = 5
+
+// workerFailures ends decideBounded: a batch failed on a worker's relayed
+// error workerFailureTries times (err is the last), or a record alone did
+// while the store answered for its identity (answered).
+type workerFailures struct {
+	tries    int
+	answered bool
+	err      error
+}
+
+func (e *workerFailures) Error() string {
+	if e.answered {
+		return fmt.Sprintf("decided alone, it failed %d times on a Citus worker's error while the store answered for its identity: %v", e.tries, e.err)
+	}
+	return fmt.Sprintf("failed %d times on a Citus worker's error: %v", e.tries, e.err)
+}
+
+func (e *workerFailures) Unwrap() error { return e.err }
+
+// workerFailed reports an error of decideBounded that gave up.
+func workerFailed(err error) bool {
+	var wf *workerFailures
+	return errors.As(err, &wf)
+}
+
+// decideBounded runs b's transaction until its outcome is known, with the
+// pipeline's backoff (decideResolving), as long as it takes an outage to
+// end, except for a failure on a Citus worker's relayed error: from the
+// workerFailureTries-th on, each ends it with a workerFailures
+// error if atFault says that b is at fault (nil: at once). A batch is
+// then decided apart, a record at a time (decideApart); a record alone is
+// at fault if the store answers for its identity meanwhile (answersFor):
+// its shard's worker is up, and the failure follows the record. While
+// the store does not answer for it, the failure is an outage, waited out.
+func (w *worker) decideBounded(b *dedup.Batch, atFault func() bool) ([]dedup.Decision, error) {
+	failures := 0
+	return retryStep(w, sideDecide, "decide", w.d.metrics.storeErrors, func() ([]dedup.Decision, error) {
+		decisions, err := w.decideResolving(b)
+		if !dedup.WorkerFailure(err) {
+			return decisions, err
+		}
+		if failures++; failures >= workerFailureTries && (atFault == nil || atFault()) {
+			return nil, retry.Permanent(&workerFailures{tries: failures, answered: atFault != nil, err: err})
+		}
+		return nil, err
+	})
+}
+
+// answersFor reports whether the store answers a read of r's identity
+// (found or not): on Citus, a single-shard read on the worker that holds
+// it, which a write of r would reach too.
+func (w *worker) answersFor(r *dedup.Record) bool {
+	ctx, cancel := w.storeCtx(w.decideCtx())
+	defer cancel()
+	_, err := w.d.store.GetMode(ctx, w.rt.service, r.Entity, w.rt.rule.Mode)
+	if err != nil && !errors.Is(err, dedup.ErrNotFound) {
+		w.log.Warn("a record keeps failing on a Citus worker's error, and the store does not answer for its identity either: waiting for the worker", zap.Int64("offset", r.Offset), zap.Error(err))
+		return false
+	}
+	return true
 }

@@ -553,7 +553,9 @@ func (p *Pipeline) dpart(rt *route, part int32) dedup.Partition {
 // own (a cooperative rebalance moves a partition only after its previous
 // owner revoked it), so it is recovered anew and fetched again from its
 // recovered start; without this it would stay parked until the next
-// rebalance, for good if none came.
+// rebalance, for good if none came. Partitions whose recovery failed on
+// an error that retrying may fix (holdUnrecovered) are recovered again
+// the same way.
 func (p *Pipeline) onJoined(ctx context.Context, cl *kgo.Client, _ map[string][]int32) {
 	<-p.clientSet
 	p.mu.Lock()
@@ -561,7 +563,7 @@ func (p *Pipeline) onJoined(ctx context.Context, cl *kgo.Client, _ map[string][]
 	var fenced []*worker
 	for _, parts := range p.workers {
 		for _, w := range parts {
-			if errors.Is(w.health.parkedErr(), dedup.ErrFenced) {
+			if err := w.health.parkedErr(); errors.Is(err, dedup.ErrFenced) || errors.Is(err, errRecoverAgain) {
 				fenced = append(fenced, w)
 			}
 		}
@@ -579,7 +581,7 @@ func (p *Pipeline) onJoined(ctx context.Context, cl *kgo.Client, _ map[string][]
 		held[w.rt.from][w.part.Partition] = kgo.NewOffset()
 		names[w.rt.from] = append(names[w.rt.from], w.part.Partition)
 	}
-	p.log.Warn("partitions fenced earlier are still held after the rebalance: recovering them again", zap.Any("partitions", names))
+	p.log.Warn("partitions fenced earlier, or whose recovery failed on an error retrying may fix, are still held after the rebalance: recovering them again", zap.Any("partitions", names))
 	stopAll(fenced, false, p.cfg.Pipeline.ShutdownGrace)
 	p.unregister(fenced)
 	starts, err := p.onAssigned(ctx, held)
@@ -597,43 +599,6 @@ func (p *Pipeline) onJoined(ctx context.Context, cl *kgo.Client, _ map[string][]
 	// The parked workers dropped what was fetched for them: fetch again
 	// from where recovery starts.
 	cl.SetOffsets(set)
-}
-
-// holdUnrecovered registers halted workers for partitions this member
-// holds and could not recover (err): they stay visible (not ready,
-// dam_halted), unfetched, and nothing of them is committed. Recovery cut
-// short by a rebalance, or fenced, is tried again at the next join
-// (onJoined takes fenced partitions back); any other error needs a person,
-// and the partition stays halted until it is assigned anew.
-func (p *Pipeline) holdUnrecovered(held map[string]map[int32]kgo.Offset, err error) {
-	p.log.Error("recovering partitions this member holds failed: they stay halted, and nothing of them is committed", zap.Error(err))
-	cause := fmt.Errorf("%w: recovery failed: %w", ErrHalted, err)
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, dedup.ErrFenced) {
-		cause = fmt.Errorf("%w: recovery cut short (%w); it runs again at the next rebalance", dedup.ErrFenced, err)
-	}
-	for topic, parts := range held {
-		rt := p.routes[topic]
-		if rt == nil {
-			continue
-		}
-		for part := range parts {
-			w := newWorker(p.base, p.deps, rt, part, recovered{committed: -1, startAt: -1},
-				p.log.With(zap.String("service", rt.service), zap.String("topic", rt.from), zap.Int32("partition", part)))
-			p.mu.Lock()
-			if p.stopping || p.workers[topic][part] != nil {
-				p.mu.Unlock()
-				continue
-			}
-			if p.workers[topic] == nil {
-				p.workers[topic] = map[int32]*worker{}
-			}
-			p.workers[topic][part] = w
-			p.mu.Unlock()
-			p.client.PauseFetchPartitions(map[string][]int32{topic: {part}})
-			w.start()
-			w.park(cause)
-		}
-	}
 }
 
 // onAssigned runs recovery (recover.go) for newly assigned partitions,

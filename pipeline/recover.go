@@ -519,3 +519,68 @@ func (w *worker) owes(rp *replay, r *kgo.Record) ([]byte, bool, error) {
 	}
 	return entity, version >= stored, nil
 }
+
+// errRecoverAgain parks a partition whose recovery failed on an error that
+// retrying may fix: onJoined recovers it again, as a fenced one.
+var errRecoverAgain = errors.New("pipeline: recovery failed on an error retrying may fix; it runs again after a rebalance")
+
+// holdUnrecovered registers halted workers for partitions this member
+// holds and could not recover (err): they stay visible (not ready,
+// dam_halted), unfetched, and nothing of them is committed. Recovery cut
+// short by a rebalance, or fenced, is tried again at the next join
+// (onJoined takes fenced partitions back). So is recovery that failed on
+// an error the store judges transient now, knowing its engine
+// (dedup.Store.Transient: a Citus worker lost while the store believed its
+// tables local), and this member asks for that join at once, as a fenced
+// partition does: recovery takes the same error for an outage from then
+// on, and waits it out. Any other error needs a person, and the partition
+// stays halted until it is assigned anew.
+func (p *Pipeline) holdUnrecovered(held map[string]map[int32]kgo.Offset, err error) {
+	cause := fmt.Errorf("%w: recovery failed: %w", ErrHalted, err)
+	again := false
+	switch {
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, dedup.ErrFenced):
+		cause = fmt.Errorf("%w: recovery cut short (%w); it runs again at the next rebalance", dedup.ErrFenced, err)
+	case p.transient(err):
+		cause, again = fmt.Errorf("%w: %w", errRecoverAgain, err), true
+	}
+	if again {
+		p.log.Warn("recovering partitions this member holds failed on an error retrying may fix: they wait, unfetched, and are recovered again after a rebalance", zap.Error(err))
+	} else {
+		p.log.Error("recovering partitions this member holds failed: they stay halted, and nothing of them is committed", zap.Error(err))
+	}
+	for topic, parts := range held {
+		rt := p.routes[topic]
+		if rt == nil {
+			continue
+		}
+		for part := range parts {
+			w := newWorker(p.base, p.deps, rt, part, recovered{committed: -1, startAt: -1},
+				p.log.With(zap.String("service", rt.service), zap.String("topic", rt.from), zap.Int32("partition", part)))
+			p.mu.Lock()
+			if p.stopping || p.workers[topic][part] != nil {
+				p.mu.Unlock()
+				continue
+			}
+			if p.workers[topic] == nil {
+				p.workers[topic] = map[int32]*worker{}
+			}
+			p.workers[topic][part] = w
+			p.mu.Unlock()
+			p.client.PauseFetchPartitions(map[string][]int32{topic: {part}})
+			w.start()
+			w.park(cause)
+		}
+	}
+	if again {
+		p.client.ForceRebalance()
+	}
+}
+
+// transient reports whether a recovery error is one that retrying may
+// fix, as the store judges it now (see holdUnrecovered).
+func (p *Pipeline) transient(err error) bool {
+	ctx, cancel := context.WithTimeout(p.runCtx, p.deps.set.storeTimeout)
+	defer cancel()
+	return p.store.Transient(ctx, err)
+}
