@@ -19,7 +19,7 @@ import (
 // The dam demo command: flags and wiring around package demo.
 
 func newDemoCmd() *cobra.Command {
-	var o demo.Options
+	o := demo.Options{PrintExplanation: printOffset}
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the sidecar on embedded defaults (kfake broker, local PostgreSQL) and show duplicates dropping",
