@@ -19,7 +19,7 @@ import (
 // The dam demo command: flags and wiring around package demo.
 
 func newDemoCmd() *cobra.Command {
-	var o demo.Options
+	o := demo.Options{PrintExplanation: printOffset}
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the sidecar on embedded defaults (kfake broker, local PostgreSQL) and show duplicates dropping",
@@ -28,8 +28,10 @@ uses the local PostgreSQL (or starts a throwaway cluster), runs the real
 sidecar over four services' projection topics, and feeds it a projection
 stream of bananas: changes only some services see, key-order changes,
 changes only in ignored fields, and bad records. It prints a live line and
-ends with a per-service summary checked against a reference model. Any Kafka
-client (kcat) can read the delivery topics while it runs.
+a per-service summary checked against a reference model, and ends with one
+banana of customer-1: a forwarded record, the duplicate dropped after it,
+and dam explain's answer for the drop. Any Kafka client (kcat) can read the
+delivery topics while it runs; to try dam run yourself, see dam playground.
 
 Its state goes to a schema dam_demo, which each run drops and makes again:
 on $DAM_POSTGRES_DSN or --dsn, a dam_demo schema that dam demo did not make

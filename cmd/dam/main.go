@@ -51,6 +51,7 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newRunCmd(),
 		newServeCmd(),
 		newDemoCmd(),
+		newPlaygroundCmd(),
 		newVersionCmd(),
 	)
 	return root

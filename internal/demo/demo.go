@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -24,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/explain"
 	"github.com/dam-dedup/dam/internal/pglocal"
 )
 
@@ -109,6 +109,9 @@ type Options struct {
 	// Yes drops a schema named Schema that the demo did not make (and
 	// everything in it); without it, Run refuses with ErrNotTheDemos.
 	Yes bool
+	// PrintExplanation prints dam explain's answer for an offset, as
+	// dam explain does.
+	PrintExplanation func(io.Writer, *explain.OffsetExplanation) error
 }
 
 // Schema is the schema the demo makes, drops and makes again at each run.
@@ -247,7 +250,13 @@ func Run(ctx context.Context, out io.Writer, o Options, sidecar Sidecar) error {
 	if err := <-sideErr; err != nil {
 		return fmt.Errorf("demo: sidecar: %w", err)
 	}
-	return gen.summary(out, readCounts(reg), time.Since(start))
+	if err := gen.summary(out, readCounts(reg), time.Since(start)); err != nil {
+		return err
+	}
+	// The Ctrl-C that ended the run must not cut the example short.
+	xctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	return gen.showExample(xctx, out, cfg, dsn, o.PrintExplanation)
 }
 
 // demoPostgres returns a DSN for a fresh demo schema: on the given server,
@@ -279,7 +288,7 @@ func demoPostgres(ctx context.Context, out io.Writer, dsn string, yes bool) (str
 		return "", nil, fmt.Errorf("demo: %w", err)
 	}
 	defer conn.Close(ctx)
-	if err := freshSchema(ctx, conn, yes); errors.Is(err, ErrNotTheDemos) {
+	if err := demoSchema.remake(ctx, conn, yes); errors.Is(err, ErrNotTheDemos) {
 		cleanup()
 		return "", nil, fmt.Errorf("%w (on %s): refusing to drop it and everything in it", err, config.RedactDSN(dsn))
 	} else if err != nil {
@@ -288,41 +297,6 @@ func demoPostgres(ctx context.Context, out io.Writer, dsn string, yes bool) (str
 	}
 	fmt.Fprintf(out, "postgres: %s (schema %s)\n", config.RedactDSN(dsn), Schema)
 	return withSearchPath(dsn, Schema), cleanup, nil
-}
-
-// freshSchema makes the demo's schema, marked as the demo's, in one
-// transaction: it drops the previous one first, but only if the demo made
-// it (its comment is the mark) or yes is given.
-func freshSchema(ctx context.Context, conn *pgx.Conn, yes bool) error {
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		var mark *string
-		err := tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1`, Schema).Scan(&mark)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-		case err != nil:
-			return err
-		case (mark == nil || *mark != schemaMark) && !yes:
-			return ErrNotTheDemos
-		default:
-			if _, err := tx.Exec(ctx, "DROP SCHEMA "+Schema+" CASCADE"); err != nil {
-				return err
-			}
-		}
-		// Constants: no parameters in utility statements.
-		_, err = tx.Exec(ctx, "CREATE SCHEMA "+Schema+"; COMMENT ON SCHEMA "+Schema+" IS '"+schemaMark+"'")
-		return err
-	})
-}
-
-func withSearchPath(dsn, schema string) string {
-	u, err := url.Parse(dsn)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return dsn + " search_path=" + schema
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
 }
 
 // demoGenerator produces the projection stream and keeps the reference
@@ -337,6 +311,9 @@ type demoGenerator struct {
 	mu       sync.Mutex
 	last     map[string]map[string]string // service -> entity -> canonical projection
 	expected map[string]*demoExpect
+	// example holds, per entity of exampleService, its last forward and
+	// the first duplicate after it (the reference model's decisions).
+	example map[string]*exampleEntity
 }
 
 type demoExpect struct{ in, forwarded, duplicate, invalid int }
@@ -349,6 +326,7 @@ func newDemoGenerator(broker string, services []demoService, n int) (*demoGenera
 	g := &demoGenerator{
 		cl: cl, services: services, rng: rand.New(rand.NewPCG(7, 11)),
 		last: map[string]map[string]string{}, expected: map[string]*demoExpect{},
+		example: map[string]*exampleEntity{},
 	}
 	origins := []string{"Ecuador", "Costa Rica", "Colombia", "Philippines"}
 	for i := range n {
@@ -379,12 +357,14 @@ func (g *demoGenerator) run(ctx context.Context, limit, rate int) error {
 			g.sent.Add(1)
 			// Not ctx: a record counted in the reference model must reach
 			// Kafka even when Ctrl-C stops the generator.
-			g.cl.Produce(context.WithoutCancel(ctx), r, func(_ *kgo.Record, err error) {
+			g.cl.Produce(context.WithoutCancel(ctx), r, func(r *kgo.Record, err error) {
 				if err != nil {
 					errMu.Lock()
 					firstErr = err
 					errMu.Unlock()
+					return
 				}
+				g.acked(r)
 			})
 		}
 		if interval > 0 {
@@ -446,9 +426,15 @@ func (g *demoGenerator) event(limit int) []*kgo.Record {
 		}
 		if g.last[s.name][b.ID] == canonical && g.last[s.name][b.ID] != "" {
 			exp.duplicate++
+			if e := g.example[b.ID]; s.name == exampleService && e != nil && e.dropped.rec == nil {
+				e.dropped.rec = r
+			}
 		} else {
 			exp.forwarded++
 			g.last[s.name][b.ID] = canonical
+			if s.name == exampleService {
+				g.example[b.ID] = &exampleEntity{forwarded: exampleRecord{rec: r}}
+			}
 		}
 		recs = append(recs, r)
 	}
