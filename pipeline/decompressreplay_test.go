@@ -101,3 +101,45 @@ func committedOf(t *testing.T, kc *testkafka.Cluster, group, topic string, part 
 	}
 	return fmt.Sprint(o.At)
 }
+
+// A dead letter of an undecompressable batch's offset that a recovery
+// delivers again (the first never went out) names the same cause, the
+// decompression bound, even when the bound was raised meanwhile (what an
+// operator does on seeing such dead letters) and the record now reads
+// fine: the decision log keeps the cause of each invalid entry.
+func TestReplayedUndecompressableDeadLetterKeepsItsCause(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out", "dlq")
+			dsn := pgtest.DSN(t)
+			rt := route("svc", "in", "out")
+			rt.DeadLetter = "dlq"
+			cfg := inMode(testConfig(t, kc, dsn, rt), delivery)
+			cfg.Pipeline.ShutdownGrace = time.Second
+			cfg.Pipeline.MaxDecompressedBatchBytes = 1<<20 + 64<<10
+			store := openStore(t, dsn)
+			gate := newProduceGate(t, kc, "out", "dlq")
+			gate.close()
+			r := start(t, cfg, store)
+			big := func(key string) *kgo.Record {
+				return rec(key, `"`+strings.Repeat("a", 700_000)+`"`)
+			}
+			produceOneBatch(t, kc, "in", big("a"), big("b"))
+			waitProgress(t, store, cfg, "in", 0, 2) // both dead-lettered, not delivered
+			r.crash()
+			gate.open()
+
+			cfg.Pipeline.MaxDecompressedBatchBytes = 32 << 20
+			r = start(t, cfg, store)
+			dl := waitOutput(t, kc, "dlq", 2)
+			for _, d := range dl {
+				if h := headers(d)[pipeline.HeaderError]; !strings.Contains(h, "max_decompressed_batch_bytes") {
+					t.Errorf("replayed dead letter of offset %s says %q, want the decompression bound", headers(d)[pipeline.HeaderSourceOffset], h)
+				}
+			}
+			r.stop()
+		})
+	}
+}
