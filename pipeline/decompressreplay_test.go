@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
@@ -81,6 +82,18 @@ func TestReplayedForwardOfUndecompressableBatch(t *testing.T) {
 						headers(o), committedOf(t, kc, cfg.Kafka.Group, "in", 0))
 				}
 			}
+			if err := r.pl.Ready(); !errors.Is(err, pipeline.ErrHalted) || !strings.Contains(err.Error(), "raise pipeline.max_decompressed_batch_bytes") {
+				t.Errorf("replay of forwards it cannot read: %v, want a halt naming the bound to raise", err)
+			}
+			r.stop()
+
+			// The bound raised back: the replay delivers both forwards.
+			cfg.Pipeline.MaxDecompressedBatchBytes = config.Default().Pipeline.MaxDecompressedBatchBytes
+			r = start(t, cfg, store)
+			waitFor(t, "a and b delivered once the bound is raised", func() (bool, string) {
+				got := byKey(kc.ReadAll("out"))
+				return len(got["a"]) == 1 && len(got["b"]) == 1, fmt.Sprint(len(got["a"]), len(got["b"]))
+			})
 			r.stop()
 		})
 	}

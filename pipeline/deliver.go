@@ -67,6 +67,7 @@ func (w *worker) deliverLoop() {
 func (w *worker) delivered(j *job) {
 	if !w.d.transactional {
 		w.acct.give(j.inputs, j.inBytes)
+		w.resumeUnderShare()
 	}
 	for o, n := range j.counts {
 		if n > 0 {

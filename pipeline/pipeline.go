@@ -392,8 +392,14 @@ func (p *Pipeline) pollLoop(ctx context.Context, cl *kgo.Client) {
 			if len(ftp.Records) == 0 {
 				return
 			}
-			w.q.push(ftp.Records, now)
-			w.polledTo.Store(ftp.Records[len(ftp.Records)-1].Offset + 1)
+			// What exceeds the partition's share is fetched again once it
+			// has delivered some (pauseOverShare).
+			recs := w.pauseOverShare(cl, ftp.Records)
+			if len(recs) == 0 {
+				return
+			}
+			w.q.push(recs, now)
+			w.polledTo.Store(recs[len(recs)-1].Offset + 1)
 		})
 		cl.AllowRebalance()
 	}

@@ -367,6 +367,13 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 	for ; i < len(recs) && recs[i].Offset < rp.until; i++ {
 		r := recs[i]
 		rp.skipTo(r.Offset)
+		if err := w.replayable(rp, r); err != nil {
+			// Its record would be delivered (a logged forward, a forward
+			// owed, a shadow copy) but cannot be read now: halt before
+			// it, never deliver an empty stand-in in its place.
+			j.halt = err
+			return nil, w.emit(j)
+		}
 		var owedEntity []byte
 		owed := false
 		if len(rp.log) == 0 || rp.log[0].Offset != r.Offset {
@@ -583,4 +590,31 @@ func (p *Pipeline) transient(err error) bool {
 	ctx, cancel := context.WithTimeout(p.runCtx, p.deps.set.storeTimeout)
 	defer cancel()
 	return p.store.Transient(ctx, err)
+}
+
+// replayable returns the halt of a replay at r when r stands for an
+// offset of a batch past the decompression bound (undecompressable) and
+// the replay would deliver it: a forward logged when the bound was
+// higher (an operator lowered it, or upgraded from a dam without one),
+// owed, or copied in shadow mode. Its content cannot be read now, so it
+// can be neither delivered again nor skipped: raising the bound to what
+// it was when the batch was decided lets the replay go on. A stand-in the
+// log marks invalid, or a duplicate not owed, needs no content: nil.
+func (w *worker) replayable(rp *replay, r *kgo.Record) error {
+	cause := undecompressable(r)
+	if cause == nil {
+		return nil
+	}
+	delivers := w.rt.shadow
+	if len(rp.log) > 0 && rp.log[0].Offset == r.Offset {
+		delivers = rp.log[0].Decision == dedup.Forward
+	} else if len(rp.owed) > 0 {
+		delivers = true // it may be owed; its entity cannot be read to tell
+	}
+	if !delivers {
+		return nil
+	}
+	return fmt.Errorf("%w: %s/%d offset %d: decided when its batch could be read, and its record must be delivered again, but now %s: "+
+		"raise pipeline.max_decompressed_batch_bytes to what it was when it was decided, and restart",
+		ErrHalted, r.Topic, r.Partition, r.Offset, boundDetail(strings.TrimPrefix(cause.Error(), ErrUndecompressable.Error()+": ")))
 }

@@ -108,7 +108,7 @@ func (rt *route) classify(r *kgo.Record) (dedup.Record, error) {
 func (rt *route) classifyIn(r *kgo.Record, batch *canon.Batch, i int) (dedup.Record, error) {
 	rec := dedup.Record{Offset: r.Offset}
 	if err := undecompressable(r); err != nil {
-		rec.Invalid = true
+		rec.Invalid, rec.Cause = true, boundDetail(err.Error())
 		return rec, err
 	}
 	var err error

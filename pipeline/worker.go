@@ -78,6 +78,11 @@ type worker struct {
 	// acct holds the budget of the records the worker took: given back
 	// as they are delivered, and whatever is left when it ends.
 	acct *account
+	// fetchPaused: the partition holds its share of the budget and its
+	// fetching is paused (pauseOverShare), until deliveries give enough
+	// back (resumeUnderShare) or the worker ends. Guarded by pauseMu.
+	pauseMu     sync.Mutex
+	fetchPaused bool
 
 	ctx    context.Context // canceled on a hard stop
 	cancel context.CancelFunc
@@ -232,6 +237,7 @@ func (w *worker) ended() {
 	// the queue, the records being decided, the jobs left undelivered or
 	// failed, a replay's held records (exactly-once).
 	w.acct.close()
+	w.resumeFetch()
 	w.d.budget.partitions.Add(-1)
 	w.d.budget.signal()
 	close(w.done)
@@ -356,5 +362,76 @@ func storeOp[T any](f func() (T, error)) func() (T, error) {
 			return v, retry.Permanent(err)
 		}
 		return v, err
+	}
+}
+
+// share is what one partition may hold of the in-flight budget: its fair
+// part, max_in_flight records and its part of max_in_flight_bytes. Past
+// it the partition's fetching pauses, so that a partition that cannot
+// deliver (paused on a lock, an outage of its own) never takes the room
+// the others need: together they may use the whole budget only while
+// each delivers.
+func (w *worker) share() (records, bytes int64) {
+	n := max(w.d.budget.partitions.Load(), 1)
+	return w.d.budget.perPartition, w.d.budget.maxBytes / n
+}
+
+// pauseOverShare, in at-least-once mode's poll loop, returns the part of
+// recs that fits in the worker's share of the budget. When some do not
+// fit, it rewinds the partition to the first of them and pauses its
+// fetching, until deliveries give enough back. A worker that holds
+// nothing takes at least one record, so that a partition always moves.
+func (w *worker) pauseOverShare(cl *kgo.Client, recs []*kgo.Record) []*kgo.Record {
+	held, heldBytes := w.acct.held()
+	maxRecs, maxBytes := w.share()
+	k := 0
+	for k < len(recs) && held < maxRecs && heldBytes < maxBytes {
+		held++
+		heldBytes += recordBytes(recs[k])
+		k++
+	}
+	if k == 0 && held == 0 {
+		k = 1
+	}
+	if k == len(recs) {
+		return recs
+	}
+	w.pauseMu.Lock()
+	defer w.pauseMu.Unlock()
+	if w.ctx.Err() != nil {
+		return recs // ended: its closed queue drops them
+	}
+	cl.PauseFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
+	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{w.part.Topic: {w.part.Partition: {Epoch: -1, Offset: recs[k].Offset}}})
+	if !w.fetchPaused {
+		w.fetchPaused = true
+		w.log.Debug("partition holds its share of the in-flight budget: fetching paused", zap.Int64("records", held), zap.Int64("bytes", heldBytes))
+	}
+	return recs[:k]
+}
+
+// resumeUnderShare resumes the partition's fetching once it holds less
+// than half its share (after a delivery).
+func (w *worker) resumeUnderShare() {
+	held, heldBytes := w.acct.held()
+	maxRecs, maxBytes := w.share()
+	if held*2 >= maxRecs || heldBytes*2 >= maxBytes {
+		return
+	}
+	w.resumeFetch()
+}
+
+// resumeFetch resumes the partition's fetching if pauseOverShare paused
+// it (also when the worker ends: a partition paused when it is revoked
+// must not stay paused should it come back).
+func (w *worker) resumeFetch() {
+	w.pauseMu.Lock()
+	defer w.pauseMu.Unlock()
+	if !w.fetchPaused {
+		return
+	}
+	w.fetchPaused = false
+	if w.d.client != nil {
+		w.d.client.ResumeFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
 	}
 }
