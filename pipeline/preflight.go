@@ -350,6 +350,13 @@ func (p *Pipeline) checkCluster(ctx context.Context) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
+	found := make([]string, 0, len(checks))
+	for _, c := range checks {
+		if !c.Missing {
+			found = append(found, c.Name+": "+c.Detail)
+		}
+	}
+	p.log.Info("kafka topics checked", zap.Strings("topics", found))
 	p.reportTopics(checks, limits)
 	return nil
 }
