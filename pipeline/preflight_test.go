@@ -135,3 +135,27 @@ func TestPreflightTopics(t *testing.T) {
 		}
 	}
 }
+
+// Preflight says whether the brokers accept dam's credentials: refused,
+// it names the mechanism and what to check, and checks nothing more;
+// accepted, it says so and goes on to the topics.
+func TestPreflightCredentials(t *testing.T) {
+	t.Parallel()
+	kc := saslCluster(t)
+	cfg := testConfig(t, kc, "postgres://unused", route("svc", "in", "out"))
+	cfg.Kafka.SASL = config.SASL{Mechanism: "SCRAM-SHA-512", Username: damUser, Password: "not-the-password"}
+	validate(t, &cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	checks := pipeline.Preflight(ctx, cfg)
+	if len(checks) != 1 || checks[0].Name != "kafka" || checks[0].Status != pipeline.CheckFail ||
+		!strings.Contains(checks[0].Detail, "SASL SCRAM-SHA-512 authentication to "+kc.Addr()+" failed") || !strings.Contains(checks[0].Fix, "kafka.sasl") {
+		t.Fatalf("wrong password: %+v", checks)
+	}
+	cfg.Kafka.SASL.Password = damPass
+	checks = pipeline.Preflight(ctx, cfg)
+	if len(checks) != 3 || checks[0].Status != pipeline.CheckOK || !strings.Contains(checks[0].Detail, "SASL SCRAM-SHA-512 as dam accepted") ||
+		checks[2].Status != pipeline.CheckOK || !strings.Contains(checks[2].Detail, "out: 2 partitions") {
+		t.Fatalf("right password: %+v", checks)
+	}
+}
