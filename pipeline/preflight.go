@@ -335,6 +335,9 @@ func (p *Pipeline) checkCluster(ctx context.Context) error {
 	defer cancel()
 	checks, limits, err := topicChecks(cctx, kadm.NewClient(p.client), p.cfg.Kafka, p.cfg.Routes)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopping before anything started
+		}
 		p.log.Warn("cannot read the routes' topics yet: they are checked once a broker answers", zap.Error(err))
 		p.probes.mu.Lock()
 		p.probes.topicsUnread = true

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/tcpproxy"
 	"github.com/dam-dedup/dam/internal/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
@@ -89,6 +90,32 @@ func TestMissingDeadLetterTopicResumes(t *testing.T) {
 		return n == 1, fmt.Sprintf("logged %d times", n)
 	})
 	waitFor(t, "ready again", func() (bool, string) { err := r.pl.Ready(); return err == nil, fmt.Sprint(err) })
+	r.stop()
+}
+
+// A partition paused while PostgreSQL is down resumes by itself once it
+// is back, and the log says so, with how long it waited and why.
+func TestStoreBackResumeLogged(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	target, rewrite := tcpproxy.PostgresDSN(t, pgtest.DSN(t))
+	proxy := tcpproxy.New(t, target)
+	cfg := testConfig(t, kc, rewrite(proxy.Addr()), route("svc", "in", "out"))
+	cfg.Pipeline.RetryMin, cfg.Pipeline.RetryMax = 50*time.Millisecond, 200*time.Millisecond
+	r, logs := startObserved(t, cfg)
+	waitFor(t, "ready", func() (bool, string) { err := r.pl.Ready(); return err == nil, fmt.Sprint(err) })
+	proxy.Cut()
+	produceTo(t, kc, "in", rec("a", `1`))
+	waitFor(t, "in/0 paused", func() (bool, string) {
+		err := r.pl.Ready()
+		return err != nil && strings.Contains(err.Error(), "in/0"), fmt.Sprint(err)
+	})
+	proxy.Restore()
+	waitOutput(t, kc, "out", 1)
+	waitFor(t, "the resumption logged", func() (bool, string) {
+		e := logs.FilterMessage("partition resumed: deciding (PostgreSQL) succeeds again").FilterField(zap.Int32("partition", 0)).All()
+		return len(e) > 0 && e[0].ContextMap()["paused_by"] != nil && e[0].ContextMap()["paused_for"] != nil, fmt.Sprint(e)
+	})
 	r.stop()
 }
 
