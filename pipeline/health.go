@@ -114,8 +114,8 @@ type probes struct {
 // Ready reports whether the pipeline is making progress: every route's
 // from and to topics exist and agree with it (preflight.go), it has
 // joined the group (with or without partitions), a broker and PostgreSQL
-// answer, and no partition is paused by an outage or halted. The error (a *NotReadyError,
-// wrapping ErrNotReady) says why not.
+// answer, and no partition is paused by an outage or halted. The error
+// (a *NotReadyError, wrapping ErrNotReady) says why not.
 func (p *Pipeline) Ready() error {
 	p.probes.mu.Lock()
 	brokerErr, storeErr := p.probes.brokerErr, p.probes.storeErr

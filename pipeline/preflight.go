@@ -423,7 +423,7 @@ func (p *Pipeline) reportTopics(checks []Check, limits map[string]int32) {
 		case c.Status == CheckFail:
 			p.log.Error("kafka topic contradicts the configuration: not ready until it is fixed", fields...)
 		case c.Status == CheckWarn:
-			p.log.Warn("kafka topic", fields...)
+			p.log.Warn("kafka topic: the check passes with a warning", fields...)
 		case wasBad && old.Missing:
 			p.log.Info("kafka topic exists now", fields...)
 			appeared = appeared || old.role == "from"
