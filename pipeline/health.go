@@ -27,20 +27,44 @@ const (
 // partHealth is why a partition is not making progress, if it is not.
 type partHealth struct {
 	mu     sync.Mutex
-	paused [2]error // per side: an outage being retried
-	parked error    // a halt or a fence: only a revocation lifts it
+	paused [2]error     // per side: an outage being retried
+	since  [2]time.Time // per side: when the pause began
+	parked error        // a halt or a fence: only a revocation lifts it
+	// log, when set, is told that a pause ended (the partition's logger).
+	log *zap.Logger
 }
 
 func (h *partHealth) pause(s side, err error) {
 	h.mu.Lock()
+	if h.paused[s] == nil {
+		h.since[s] = time.Now()
+	}
 	h.paused[s] = err
 	h.mu.Unlock()
 }
 
+// resume ends a pause of side s. When the partition was paused on that
+// side (PostgreSQL or Kafka unavailable, a missing topic), it logs that
+// the partition goes on, with how long it waited and why: the retries
+// logged the pause, and an operator reading the log wants to know it
+// ended without a restart.
 func (h *partHealth) resume(s side) {
 	h.mu.Lock()
+	cause, since := h.paused[s], h.since[s]
 	h.paused[s] = nil
+	parked, other := h.parked != nil, h.paused[1-s]
+	log := h.log
 	h.mu.Unlock()
+	if cause == nil || parked || log == nil {
+		return
+	}
+	what := [2]string{sideDecide: "deciding (PostgreSQL)", sideDeliver: "delivering (Kafka)"}
+	fields := []zap.Field{zap.Duration("paused_for", time.Since(since).Round(time.Millisecond)), zap.NamedError("paused_by", cause)}
+	if other != nil {
+		log.Info("partition: "+what[s]+" succeeds again; "+what[1-s]+" is still paused", append(fields, zap.NamedError("still_paused_by", other))...)
+		return
+	}
+	log.Info("partition resumed: "+what[s]+" succeeds again", fields...)
 }
 
 func (h *partHealth) park(err error) {
@@ -81,15 +105,21 @@ type probes struct {
 	mu        sync.Mutex
 	brokerErr error // no broker answers: every partition is paused
 	storeErr  error // PostgreSQL does not answer
+	// topics are the topic checks that did not pass, by name
+	// (preflight.go); topicsUnread: they could not run yet.
+	topics       map[string]Check
+	topicsUnread bool
 }
 
-// Ready reports whether the pipeline is making progress: it has joined the
-// group (with or without partitions), a broker and PostgreSQL answer, and no
-// partition is paused by an outage or halted. The error (a *NotReadyError,
-// wrapping ErrNotReady) says why not.
+// Ready reports whether the pipeline is making progress: every route's
+// from and to topics exist and agree with it (preflight.go), it has
+// joined the group (with or without partitions), a broker and PostgreSQL
+// answer, and no partition is paused by an outage or halted. The error
+// (a *NotReadyError, wrapping ErrNotReady) says why not.
 func (p *Pipeline) Ready() error {
 	p.probes.mu.Lock()
 	brokerErr, storeErr := p.probes.brokerErr, p.probes.storeErr
+	topicErr := p.probes.topicProblem()
 	p.probes.mu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -97,6 +127,8 @@ func (p *Pipeline) Ready() error {
 	switch {
 	case p.stopping:
 		return &NotReadyError{"shutting down", fmt.Errorf("%w: shutting down", ErrNotReady)}
+	case topicErr != nil:
+		return topicErr
 	case !p.joined:
 		return &NotReadyError{"consumer group not joined yet", fmt.Errorf("%w: consumer group not joined yet", ErrNotReady)}
 	case errors.As(brokerErr, &ae):
@@ -199,6 +231,9 @@ func (p *Pipeline) probeLoop(ctx context.Context) {
 		p.probes.brokerErr, p.probes.storeErr = brokerErr, storeErr
 		p.probes.mu.Unlock()
 		p.reportBroker(wasBroker, brokerErr)
+		if brokerErr == nil {
+			p.recheckTopics(ctx)
+		}
 		switch {
 		case storeErr != nil && wasStore == nil:
 			p.log.Warn("postgres unreachable", zap.Error(storeErr))

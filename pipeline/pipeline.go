@@ -16,6 +16,8 @@
 //   - queue.go: per-partition queues and the shared polling budget
 //     (backpressure);
 //   - health.go: readiness, dam_halted, broker and PostgreSQL probes;
+//   - preflight.go: the cluster checked against the configuration (dam
+//     check, and Run at start): brokers, every route's topics, limits;
 //   - worker.go: a partition's two goroutines and their lifecycle;
 //   - errors.go: the sentinel errors.
 //
@@ -55,7 +57,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -760,84 +761,6 @@ func (l *batchLimits) set(topic string, v int32) {
 		l.m = map[string]int32{}
 	}
 	l.m[topic] = v
-}
-
-// checkCluster reads what the configuration must agree with before
-// anything is consumed: each output topic's max.message.bytes (the
-// producer's batch limit for it; a route's max_size must fit below it) and,
-// for partitioning: preserve routes, the partition counts.
-func (p *Pipeline) checkCluster(ctx context.Context) error {
-	adm := kadm.NewClient(p.client)
-	var outputs []string
-	for _, r := range p.routes {
-		outputs = append(outputs, r.to)
-		if r.dlq != "" {
-			outputs = append(outputs, r.dlq)
-		}
-	}
-	slices.Sort(outputs)
-	outputs = slices.Compact(outputs)
-	configs, err := adm.DescribeTopicConfigs(ctx, outputs...)
-	if err != nil {
-		p.log.Warn("cannot read the output topics' max.message.bytes; Kafka checks record sizes at produce time", zap.Error(err))
-	}
-	for _, rc := range configs {
-		if rc.Err != nil {
-			p.log.Warn("cannot read an output topic's max.message.bytes; Kafka checks record sizes at produce time", zap.String("topic", rc.Name), zap.Error(rc.Err))
-			continue
-		}
-		for _, c := range rc.Configs {
-			if c.Key != "max.message.bytes" || c.Value == nil {
-				continue
-			}
-			if v, err := strconv.ParseInt(*c.Value, 10, 32); err == nil {
-				p.limits.set(rc.Name, int32(v))
-			}
-		}
-	}
-	var errs []error
-	for _, r := range slices.SortedFunc(maps.Values(p.routes), func(a, b *route) int { return a.index - b.index }) {
-		if limit := int(p.limits.get(r.to)); r.maxSize+recordOverhead > limit {
-			errs = append(errs, fmt.Errorf("%w: routes[%d].max_size: %d bytes does not fit in a record of %s, whose max.message.bytes is %d (a value may take at most %d, leaving room for the key, headers and framing): lower max_size or raise the topic's max.message.bytes",
-				ErrConfig, r.index, r.maxSize, r.to, limit, limit-recordOverhead))
-		}
-	}
-	if err := p.checkPreserve(ctx, adm); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-// checkPreserve refuses to start when a partitioning: preserve route's
-// output has fewer partitions than its input.
-func (p *Pipeline) checkPreserve(ctx context.Context, adm *kadm.Client) error {
-	var topics []string
-	for _, r := range p.routes {
-		if r.preserve {
-			topics = append(topics, r.from, r.to)
-		}
-	}
-	if len(topics) == 0 {
-		return nil
-	}
-	details, err := adm.ListTopics(ctx, topics...)
-	if err != nil {
-		return fmt.Errorf("pipeline: partitioning: preserve: listing topics: %w", err)
-	}
-	for _, r := range p.routes {
-		if !r.preserve {
-			continue
-		}
-		in, out := details[r.from], details[r.to]
-		if in.Err != nil || out.Err != nil {
-			return fmt.Errorf("%w: routes[%d] (%s): partitioning: preserve needs both topics to exist: %v %v", ErrConfig, r.index, r.service, in.Err, out.Err)
-		}
-		if len(out.Partitions) < len(in.Partitions) {
-			return fmt.Errorf("%w: routes[%d] (%s): partitioning: preserve: %s has %d partitions, fewer than the %d of %s",
-				ErrConfig, r.index, r.service, r.to, len(out.Partitions), len(in.Partitions), r.from)
-		}
-	}
-	return nil
 }
 
 // stateRowsEvery is the refresh interval of dam_state_rows; a service of

@@ -255,15 +255,18 @@ func (p *Pipeline) planPartition(ctx context.Context, rt *route, dp dedup.Partit
 	}
 	switch {
 	case !prog.HasNext:
-		start := c
+		start, first := c, int64(-1)
 		if !hasC {
 			var err error
-			if start, err = p.startOffset(ctx, rt.from, dp.Partition); err != nil {
+			if start, first, err = p.startOffset(ctx, rt.from, dp.Partition); err != nil {
 				return r, err
 			}
 		}
 		if err := p.store.InitProgress(ctx, dp, prog.Epoch, start); err != nil {
 			return r, permanentUnlessOutage(err)
+		}
+		if !hasC {
+			p.logFirstStart(rt, dp.Partition, start, first)
 		}
 		r.next, r.start, r.startAt = start, kgo.NewOffset().At(start), start
 	case !hasC:
@@ -305,27 +308,47 @@ func (p *Pipeline) planPartition(ctx context.Context, rt *route, dp dedup.Partit
 
 // startOffset is where a partition without any position starts:
 // kafka.start's end (the last stable offset: the input is read
-// read_committed) or beginning.
-func (p *Pipeline) startOffset(ctx context.Context, topic string, part int32) (int64, error) {
+// read_committed) or beginning; and first, the partition's first offset.
+func (p *Pipeline) startOffset(ctx context.Context, topic string, part int32) (start, first int64, err error) {
 	adm := kadm.NewClient(p.client)
-	var listed kadm.ListedOffsets
-	var err error
-	if p.cfg.Kafka.Start == config.StartEarliest {
-		listed, err = adm.ListStartOffsets(ctx, topic)
-	} else {
-		listed, err = adm.ListCommittedOffsets(ctx, topic)
+	lookup := func(listed kadm.ListedOffsets, err error) (int64, error) {
+		if err != nil {
+			return 0, err
+		}
+		o, ok := listed.Lookup(topic, part)
+		if !ok {
+			return 0, fmt.Errorf("listing offsets of %s/%d: partition missing from the reply", topic, part)
+		}
+		if o.Err != nil {
+			return 0, fmt.Errorf("listing offsets of %s/%d: %w", topic, part, o.Err)
+		}
+		return o.Offset, nil
 	}
-	if err != nil {
-		return 0, err
+	if first, err = lookup(adm.ListStartOffsets(ctx, topic)); err != nil || p.cfg.Kafka.Start == config.StartEarliest {
+		return first, first, err
 	}
-	o, ok := listed.Lookup(topic, part)
-	if !ok {
-		return 0, fmt.Errorf("listing offsets of %s/%d: partition missing from the reply", topic, part)
+	start, err = lookup(adm.ListCommittedOffsets(ctx, topic))
+	return start, first, err
+}
+
+// logFirstStart logs where a partition starts on the group's first join
+// (neither a committed offset nor a progress), and, with kafka.start:
+// latest, how many earlier records it leaves behind: they are never
+// decided nor forwarded (docs/cutover.md).
+func (p *Pipeline) logFirstStart(rt *route, part int32, start, first int64) {
+	fields := []zap.Field{zap.String("service", rt.service), zap.String("topic", rt.from), zap.Int32("partition", part),
+		zap.String("kafka.start", p.cfg.Kafka.Start), zap.Int64("start", start)}
+	switch skipped := start - first; {
+	case p.cfg.Kafka.Start == config.StartEarliest:
+		p.log.Info("first join: the partition starts at its first offset (kafka.start: earliest)", fields...)
+	case skipped > 0:
+		// Offsets, not records: compaction and transaction markers make
+		// the records fewer.
+		p.log.Warn("first join: the partition starts at its end (kafka.start: latest), leaving its earlier records behind: they are not forwarded (to start from the first, see docs/cutover.md)",
+			append(fields, zap.Int64("first", first), zap.Int64("offsets_left_behind", skipped))...)
+	default:
+		p.log.Info("first join: the partition starts at its end (kafka.start: latest); it holds no earlier record", fields...)
 	}
-	if o.Err != nil {
-		return 0, fmt.Errorf("listing offsets of %s/%d: %w", topic, part, o.Err)
-	}
-	return o.Offset, nil
 }
 
 // fetchCommitted reads the group's committed offsets of topic's parts,

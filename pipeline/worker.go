@@ -175,6 +175,7 @@ func newWorker(parent context.Context, d *deps, rt *route, partition int32, r re
 	w.polledTo.Store(r.startAt)
 	w.end.Store(-1)
 	w.startAt.Store(r.startAt)
+	w.health.log = log
 	w.proven()
 	return w
 }

@@ -51,7 +51,7 @@ serve reads it (kafka and routes optional, a token required).`,
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&path, "config", "dam.yaml", "configuration `file`")
+	cmd.Flags().StringVarP(&path, "config", "c", "dam.yaml", "configuration `file`")
 	cmd.Flags().BoolVar(&forServe, "serve", false, "check the configuration as dam serve reads it (kafka and routes optional)")
 	return cmd
 }

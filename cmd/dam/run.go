@@ -146,7 +146,8 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 			}
 			return nil
 		})
-		log.Info("http listening", zap.String("addr", addr))
+		log.Info("http listening", zap.String("addr", addr), zap.String("listen", cfg.HTTP.Listen),
+			zap.String("interfaces", listenInterfaces(cfg.HTTP.Listen)))
 	}
 	pipeCtx, stopPipe := context.WithCancel(gctx)
 	defer stopPipe()
@@ -168,6 +169,25 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 	} else {
 		return err
 	}
+}
+
+// listenInterfaces says which interfaces a listen address binds: "all"
+// (no host, 0.0.0.0 or [::]: the default, right in a container, where
+// the pod's network is the boundary; set a host to narrow it),
+// "loopback", or "one" (the address's host).
+func listenInterfaces(listen string) string {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "unknown"
+	}
+	ip := net.ParseIP(host)
+	switch {
+	case host == "" || ip != nil && ip.IsUnspecified():
+		return "all"
+	case host == "localhost" || ip != nil && ip.IsLoopback():
+		return "loopback"
+	}
+	return "one"
 }
 
 // httpTimeouts bound every phase of an HTTP connection, so that no client

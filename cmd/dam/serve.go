@@ -83,5 +83,6 @@ func runServe(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("serve.listen: %w", err)
 	}
+	log.Info("serve: listen", zap.String("listen", cfg.Serve.Listen), zap.String("interfaces", listenInterfaces(cfg.Serve.Listen)))
 	return srv.Run(ctx, ln)
 }
