@@ -339,7 +339,8 @@ func (w *worker) commit(offset int64, epoch int32) error {
 // more. The log itself is kept for decision_log.keep and pruned off this
 // path (logkeep.go).
 func (w *worker) noteDelivered() {
-	if time.Since(w.lastNote) < w.d.set.noteEvery {
+	if w.d.transactional || time.Since(w.lastNote) < w.d.set.noteEvery {
+		// (Exactly-once: each round records its commits, recordDelivered.)
 		return
 	}
 	w.lastNote = time.Now()
