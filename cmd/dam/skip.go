@@ -38,9 +38,11 @@ without a dead_letter topic, or a record Kafka refuses for good. The record
 is never delivered; every record after it is, as usual.
 
 The skip is recorded in the decision log, with who skipped it (--by, default
-$USER), why (--reason) and when: dam explain --offset shows it. Only the
-record the partition stands at can be skipped: the group's committed offset
-must be at --offset. dam may run or be stopped: the skip bumps the
+$USER), why (--reason) and when: dam explain --offset shows it. Only a
+record not delivered can be skipped: the one a halted partition stands at
+(not decided yet, or decided and not delivered); a duplicate, a delivered
+record and a record past the partition's progress are refused. dam may run
+or be stopped: the skip bumps the
 partition's fencing epoch, a running dam notices within seconds that its
 halted partition moved and recovers it, a stopped one at its next start. A
 skipped record that had been decided a forward leaves its entity's state;
