@@ -38,13 +38,14 @@ type OperatorSkip struct {
 // does at its next start. committed is the group's committed offset C in
 // Kafka (-1: none).
 //
-// Only the record p stands at can be skipped: the offset must be C (or,
-// without C, not below the offset dam last recorded as delivered), and
-// either P (not decided: the partition halted before deciding it; the skip
-// logs [offset, offset+1) as Skipped and moves P past it) or below P with
-// a logged forward or dead letter that was not delivered (the partition
-// halted delivering it; the skip turns its entry into Skipped, and the
-// replay of [C, P) passes over it). A skipped forward's entity keeps the
+// Only a record not delivered can be skipped: the offset must not be
+// below C (without C, below the offset dam last recorded as delivered),
+// and must be either P (not decided: the partition halted before deciding
+// it; the skip logs [offset, offset+1) as Skipped and moves P past it) or
+// below P with a logged forward or dead letter (the partition halted
+// delivering it; the skip turns its entry into Skipped, and the replay of
+// [C, P) passes over it). It is meant for a halted partition: on one that
+// runs, a record already handed to the producer is delivered anyway. A skipped forward's entity keeps the
 // state that forward set: reset it (Reset) for its next record to be
 // forwarded whatever it holds.
 //
@@ -77,9 +78,6 @@ func (s *Store) Skip(ctx context.Context, p Partition, offset, committed int64, 
 		switch {
 		case committed >= 0 && offset < committed:
 			_, err = refuse("below the group's committed offset %d: delivered already, nothing to skip", committed)
-			return err
-		case committed >= 0 && offset > committed:
-			_, err = refuse("the group's committed offset is %d: the partition does not stand at this offset (only the record a halted partition stands at can be skipped)", committed)
 			return err
 		case committed < 0 && delivered != nil && offset < *delivered:
 			_, err = refuse("below offset %d, which dam recorded as delivered: nothing to skip", *delivered)

@@ -28,7 +28,7 @@ func TestSkipRecordsAndFences(t *testing.T) {
 		offset, committed int64
 		want              string
 	}{
-		{4, 3, "the group's committed offset is 3"},
+		{4, 3, "not decided yet, and the partition's progress is 3"},
 		{4, -1, "not decided yet, and the partition's progress is 3"},
 		{0, 1, "below the group's committed offset 1"},
 		{1, 1, "decided a duplicate"},
