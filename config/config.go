@@ -29,6 +29,8 @@ type Config struct {
 	Pipeline Pipeline `koanf:"pipeline"`
 	// Serve configures `dam serve`, the synchronous check service.
 	Serve Serve `koanf:"serve"`
+	// DecisionLog configures the decision log kept after delivery.
+	DecisionLog DecisionLog `koanf:"decision_log"`
 	// Routes are the topic pairs dam deduplicates; at least one is required.
 	// Routes are not settable from the environment. No default.
 	Routes []Route `koanf:"routes"`
@@ -199,6 +201,21 @@ type Pipeline struct {
 	RetryMax time.Duration `koanf:"retry_max"`
 }
 
+// DecisionLog configures how long the decision log is kept after delivery.
+type DecisionLog struct {
+	// Keep is how long a decided batch stays in the decision log after its
+	// offsets are committed: within it, `dam explain --offset` answers
+	// from the log what was decided for an offset (forwarded, a duplicate,
+	// dead-lettered, skipped by an operator) instead of inferring it from
+	// the state and the input. Recovery never reads what is kept below the
+	// committed offset. 0 prunes the log as soon as it is delivered. A
+	// duration; "d" counts days ("7d", "1d12h"). Default 7d: "yesterday"
+	// and a week of incidents, and Kafka's default retention
+	// (log.retention.hours 168), past which the input records, which
+	// explain reads too, are gone anyway.
+	Keep time.Duration `koanf:"keep"`
+}
+
 // Route is one deduplicated topic pair. Its defaults are DefaultRoute's.
 type Route struct {
 	// Service names the route: the namespace of its identities in
@@ -346,9 +363,17 @@ func Default() Config {
 			RetryMin:                  100 * time.Millisecond,
 			RetryMax:                  10 * time.Second,
 		},
-		Serve: DefaultServe(),
+		Serve:       DefaultServe(),
+		DecisionLog: DecisionLog{Keep: DefaultDecisionLogKeep},
 	}
 }
+
+// DefaultDecisionLogKeep is the default decision_log.keep, 7 days;
+// MaxDecisionLogKeep its largest value, 366 days.
+const (
+	DefaultDecisionLogKeep = 7 * 24 * time.Hour
+	MaxDecisionLogKeep     = 366 * 24 * time.Hour
+)
 
 // DefaultMaxSize is the default routes[].max_size: 1 MiB less 1 KiB, so
 // that a value of that size still fits, with its key and headers, in a

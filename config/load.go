@@ -192,7 +192,7 @@ func readEnv(environ []string) (map[string]any, []error) {
 func parseEnv(k envKey, s string) (any, error) {
 	switch {
 	case k.typ == durationType:
-		if _, err := time.ParseDuration(s); err != nil {
+		if _, err := ParseDuration(s); err != nil {
 			return nil, fmt.Errorf("invalid duration %q", s)
 		}
 		return s, nil
@@ -350,7 +350,7 @@ func (d *decoder) decode(key string, raw any, v reflect.Value) {
 			d.fail(key, fmt.Errorf(`invalid duration %s: want a string such as "5s"`, d.describe(key, raw)))
 			return
 		}
-		dur, err := time.ParseDuration(s)
+		dur, err := ParseDuration(s)
 		if err != nil {
 			d.fail(key, fmt.Errorf("invalid duration %q", s))
 			return
@@ -496,4 +496,25 @@ func (d *decoder) describe(key string, raw any) string {
 		return fmt.Sprintf("%s %q", kind, s)
 	}
 	return fmt.Sprintf("%s %v", kind, raw)
+}
+
+// ParseDuration parses a duration as time.ParseDuration does, and also
+// whole days first: "7d", "1d12h" (a day is 24 hours).
+func ParseDuration(s string) (time.Duration, error) {
+	if i := strings.IndexByte(s, 'd'); i > 0 {
+		days, err := strconv.ParseUint(s[:i], 10, 16)
+		if err != nil {
+			return 0, fmt.Errorf("invalid duration %q", s)
+		}
+		d := time.Duration(days) * 24 * time.Hour
+		if rest := s[i+1:]; rest != "" {
+			r, err := time.ParseDuration(rest)
+			if err != nil || r < 0 {
+				return 0, fmt.Errorf("invalid duration %q", s)
+			}
+			d += r
+		}
+		return d, nil
+	}
+	return time.ParseDuration(s)
 }

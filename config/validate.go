@@ -196,6 +196,12 @@ func (c *Config) validate() []*Error {
 		// is expelled, and its partitions move while it still delivers.
 		v.addf("pipeline.shutdown_grace", "%s must be below kafka.rebalance_timeout (%s)", pl.ShutdownGrace, k.RebalanceTimeout)
 	}
+	switch keep := c.DecisionLog.Keep; {
+	case keep < 0:
+		v.addf("decision_log.keep", "must not be negative, got %s", keep)
+	case keep > MaxDecisionLogKeep:
+		v.addf("decision_log.keep", "%s is more than %s: the log grows with it, and explain needs the input too, which Kafka keeps far less long", keep, MaxDecisionLogKeep)
+	}
 	v.positive("pipeline.retry_min", pl.RetryMin)
 	v.positive("pipeline.retry_max", pl.RetryMax)
 	if pl.RetryMin > 0 && pl.RetryMax > 0 && pl.RetryMin > pl.RetryMax {

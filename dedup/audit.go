@@ -84,34 +84,48 @@ type LoggedForward struct {
 }
 
 // LastForward returns the latest logged forward of entity in p at an
-// offset below before, and false when the log (which is pruned once
-// delivered) holds none.
+// offset below before, and false when the log (which is kept for
+// decision_log.keep after delivery) holds none. It reads the log back from
+// before, a page of batches at a time, and stops at the first page that
+// holds one: a recent forward costs a few rows, whatever the log keeps.
 func (s *Store) LastForward(ctx context.Context, p Partition, entity []byte, before int64) (LoggedForward, bool, error) {
-	rows, err := s.pool.Query(ctx, `SELECT logged_at, offsets, decisions, entities FROM decision_log
-		WHERE grp = $1 AND topic = $2 AND part = $3 AND first_offset < $4
-		ORDER BY first_offset DESC`, p.Group, p.Topic, p.Partition, before)
-	if err != nil {
-		return LoggedForward{}, false, s.classify("last forward", err)
-	}
 	var best LoggedForward
 	found := false
-	var at time.Time
-	var offsets []int64
-	var decisions []int16
-	var entities [][]byte
-	_, err = pgx.ForEachRow(rows, []any{&at, &offsets, &decisions, &entities}, func() error {
-		if len(offsets) != len(decisions) || len(offsets) != len(entities) {
-			return errors.New("decision_log row with arrays of different lengths")
+	for upper := before; !found; {
+		rows, err := s.pool.Query(ctx, `SELECT first_offset, logged_at, offsets, decisions, entities FROM decision_log
+			WHERE grp = $1 AND topic = $2 AND part = $3 AND first_offset < $4
+			ORDER BY first_offset DESC LIMIT $5`, p.Group, p.Topic, p.Partition, upper, lastForwardPage)
+		if err != nil {
+			return LoggedForward{}, false, s.classify("last forward", err)
 		}
-		for i, o := range offsets {
-			if o < before && Decision(decisions[i]) == Forward && bytes.Equal(entities[i], entity) && (!found || o > best.Offset) {
-				best, found = LoggedForward{Offset: o, LoggedAt: at}, true
+		var first int64
+		var at time.Time
+		var offsets []int64
+		var decisions []int16
+		var entities [][]byte
+		n := 0
+		_, err = pgx.ForEachRow(rows, []any{&first, &at, &offsets, &decisions, &entities}, func() error {
+			n++
+			upper = first
+			if len(offsets) != len(decisions) || len(offsets) != len(entities) {
+				return errors.New("decision_log row with arrays of different lengths")
 			}
+			for i, o := range offsets {
+				if o < before && Decision(decisions[i]) == Forward && bytes.Equal(entities[i], entity) && (!found || o > best.Offset) {
+					best, found = LoggedForward{Offset: o, LoggedAt: at}, true
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return LoggedForward{}, false, s.classify("last forward", err)
 		}
-		return nil
-	})
-	if err != nil {
-		return LoggedForward{}, false, s.classify("last forward", err)
+		if n < lastForwardPage {
+			break
+		}
 	}
 	return best, found, nil
 }
+
+// lastForwardPage is how many logged batches LastForward reads at a time.
+const lastForwardPage = 16

@@ -32,9 +32,14 @@ const (
 	// RefreshAfter, so the record is forwarded anyway. The decision log
 	// records it as Forward.
 	Refresh
+	// Skipped: an operator stepped past the record (Store.Skip): it is
+	// never delivered, and changes no state. Only the decision log holds
+	// it; Decide never returns it.
+	Skipped
 )
 
-// String returns "forward", "duplicate", "invalid", "stale" or "refresh".
+// String returns "forward", "duplicate", "invalid", "stale", "refresh" or
+// "skipped".
 func (d Decision) String() string {
 	switch d {
 	case Forward:
@@ -47,6 +52,8 @@ func (d Decision) String() string {
 		return "stale"
 	case Refresh:
 		return "refresh"
+	case Skipped:
+		return "skipped"
 	}
 	return "unknown"
 }
@@ -183,8 +190,8 @@ type Batch struct {
 // a logged range that have no entry were duplicates (or stale).
 type LoggedDecision struct {
 	Offset   int64
-	Decision Decision // Forward or Invalid
-	Entity   []byte   // for Forward
+	Decision Decision // Forward, Invalid, or Skipped (an operator's skip)
+	Entity   []byte   // for Forward (and Invalid, Skipped when known)
 	// Cause is the Record.Cause of an Invalid entry, as logged; empty when
 	// none was given, or the batch was logged before the log kept causes
 	// (schema version 8).

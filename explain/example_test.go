@@ -33,7 +33,7 @@ func ExampleExplainer_Offset() {
 	}
 	// Output:
 	// offset 0: forward: forwarded: no earlier record of this entity in offsets [0, 0): a new identity; it set the stored digest, still current
-	// offset 1: duplicate: duplicate of the content forwarded from offset 0 at 2030-01-02T03:04:05Z
+	// offset 1: duplicate: duplicate of the content forwarded from offset 0 at 2030-01-02T03:04:05Z; decided at 2030-01-02T03:04:05Z (the decision log holds its batch [0, 2))
 }
 
 // Payload says whether a payload would be forwarded now, and what differs

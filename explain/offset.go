@@ -56,7 +56,8 @@ type OffsetExplanation struct {
 	Version   *int64 `json:"version,omitempty"` // version mode: the record's version
 	// Decision is forward, refresh, duplicate, stale, dropped (version
 	// mode: not forwarded, a duplicate or stale, no longer known which),
-	// invalid, undecided (not decided yet) or unknown (no longer recorded).
+	// invalid, skipped (an operator stepped past it: Skip), undecided (not
+	// decided yet) or unknown (no longer recorded).
 	Decision string `json:"decision"`
 	Reason   string `json:"reason"`
 	// DecidedAt is when it was decided, when known: the state's time of the
@@ -73,12 +74,24 @@ type OffsetExplanation struct {
 	// they are known.
 	Refresh *Refresh `json:"refresh,omitempty"`
 	Window  *Window  `json:"window,omitempty"`
+	// Skip is the operator skip of a skipped record: who, when, why.
+	Skip *Skip `json:"skip,omitempty"`
 	// Evidence lists what the answer rests on, and what no longer covers
 	// the offset.
 	Evidence []string `json:"evidence"`
 
 	// DifferenceFrom is the offset whose content the difference is from.
 	DifferenceFrom int64 `json:"-"`
+}
+
+// Skip is an operator's skip of the record (dam state skip).
+type Skip struct {
+	By     string    `json:"by"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+	// Was is what it had been decided before the skip (forward, invalid),
+	// or "undecided": the partition halted before deciding it.
+	Was string `json:"was"`
 }
 
 // reading is an input record as its route decides it (pipeline.Route's
@@ -123,7 +136,7 @@ type offsetCase struct {
 
 // Offset explains what was decided for the input record at offset of
 // partition of r's input topic, and why: from the decision log while it
-// covers the offset (it is pruned below the group's committed offset),
+// covers the offset (it is kept for decision_log.keep after delivery),
 // otherwise from the state and the input read before the offset, and it
 // says which (Evidence). It changes nothing.
 //
@@ -169,6 +182,9 @@ func (ex *Explainer) Offset(ctx context.Context, r Route, part int32, offset int
 		if !x.od.Covered {
 			return nil, fmt.Errorf("%w: %w, and the decision log does not cover offset %d", ErrGone, readErr, offset)
 		}
+		if x.od.Decision == dedup.Skipped {
+			return res, x.skipped(ctx)
+		}
 		res.Decision = x.od.Decision.String()
 		res.Reason = fmt.Sprintf("the decision log says %s; the record itself is no longer readable", x.od.Decision)
 		if x.rule.Mode == dedup.Version && x.od.Decision == dedup.Duplicate {
@@ -210,6 +226,8 @@ func (ex *Explainer) Offset(ctx context.Context, r Route, part int32, offset int
 	switch {
 	case !decided:
 		return res, x.undecided(ctx, pr)
+	case x.od.Covered && x.od.Decision == dedup.Skipped:
+		return res, x.skipped(ctx)
 	case x.od.Covered && x.od.Decision == dedup.Invalid, !x.od.Covered && x.cur.err != nil:
 		x.invalid()
 	case x.cur.err != nil:
@@ -323,6 +341,38 @@ func (x *offsetCase) diff(base *reading) {
 	if d, ok, err := firstDifference(x.h.Hasher, base.rec.Value, x.cur.rec.Value); err == nil && ok {
 		x.res.Difference, x.res.DifferenceFrom = &d, base.rec.Offset
 	}
+}
+
+// skipped explains a record an operator skipped (dam state skip), from
+// the skip the store recorded with it.
+func (x *offsetCase) skipped(ctx context.Context) error {
+	res := x.res
+	res.Decision = dedup.Skipped.String()
+	t := x.od.LoggedAt.UTC()
+	res.DecidedAt = &t
+	sk, ok, err := x.ex.store.SkipAt(ctx, x.p, res.Offset)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		res.Reason = fmt.Sprintf("skipped by an operator (dam state skip) at or after %s; who and why are no longer recorded: it was not delivered", exact(t))
+		return nil
+	}
+	at := sk.At.UTC()
+	res.DecidedAt = &at
+	was := "undecided"
+	how := "the partition had halted before deciding it"
+	if sk.Was != 0 {
+		was = sk.Was.String()
+		how = fmt.Sprintf("it had been decided %s and was not delivered (the partition halted delivering it)", sk.Was)
+		if res.Entity == "" && sk.Entity != nil {
+			res.Entity, res.EntityHex = ShowEntity(sk.Entity), hex.EncodeToString(sk.Entity)
+		}
+	}
+	res.Skip = &Skip{By: sk.By, Reason: sk.Reason, At: at, Was: was}
+	res.Reason = fmt.Sprintf("skipped by an operator: %s at %s (%q); %s; it was not delivered, and the partition went on after it",
+		sk.By, exact(at), sk.Reason, how)
+	return nil
 }
 
 func (x *offsetCase) undecided(ctx context.Context, pr dedup.Progress) error {
@@ -500,6 +550,15 @@ func (x *offsetCase) duplicateLastSeen(ctx context.Context) {
 		return
 	}
 	res.Reason = fmt.Sprintf("duplicate of the content forwarded from offset %s at %s", res.DuplicateOf.offsetText(), stamp(res.DuplicateOf.At))
+	if x.od.Covered {
+		// The log says so: decided a duplicate, when, in which batch.
+		t := x.od.LoggedAt.UTC()
+		res.DecidedAt = &t
+		if res.DuplicateOf.From == "decision log" {
+			res.Reason += x.sameContent(ctx, res.DuplicateOf.Offset)
+		}
+		res.Reason += fmt.Sprintf("; decided at %s (the decision log holds its batch [%d, %d))", exact(t), x.od.First, x.od.End)
+	}
 	// With refresh_after: not refreshed, since it was decided too soon
 	// after that forward (when both times are known).
 	if at, known := x.decidedAt(); x.rule.RefreshAfter > 0 && known && res.DuplicateOf.From != "kafka" {
@@ -509,6 +568,21 @@ func (x *offsetCase) duplicateLastSeen(ctx context.Context) {
 				exact(at), at.Sub(res.DuplicateOf.At), x.rule.RefreshAfter)
 		}
 	}
+}
+
+// sameContent checks the logged forward at off, the entity's last before
+// the duplicate, against the duplicate's content, read back from Kafka:
+// the same content makes the source definite; other content means the
+// state held by then came from elsewhere.
+func (x *offsetCase) sameContent(ctx context.Context, off int64) string {
+	r, err := x.recordAt(ctx, off)
+	switch {
+	case err != nil:
+		return fmt.Sprintf(" (the entity's last logged forward before it; its record is no longer readable: %v)", err)
+	case r.err != nil || r.digest != x.cur.digest:
+		return " (the entity's last logged forward in this partition, but with other content: the content it repeated was stored from elsewhere, another partition, a check, or the state restored)"
+	}
+	return " (the entity's last logged forward before it, with the same content)"
 }
 
 // duplicateOf finds the forward whose content a duplicate repeated: the
@@ -809,12 +883,14 @@ func logLine(od dedup.OffsetDecision, offset int64, decided bool, rule dedup.Rul
 			what = "not forwarded, a duplicate or stale (the log holds forwards and dead letters only)"
 		case od.Decision == dedup.Duplicate:
 			what = "duplicate (not forwarded: the log holds forwards and dead letters only)"
+		case od.Decision == dedup.Skipped:
+			what = "skipped by an operator (not delivered)"
 		case od.Decision == dedup.Forward && rule.RefreshAfter > 0:
 			what = "forward (or a refresh: the log records refreshes as forwards)"
 		}
 		return fmt.Sprintf("decision log: offset %d is in the batch [%d, %d) decided %s: %s", offset, od.First, od.End, exact(od.LoggedAt), what)
 	case od.HasLog:
-		return fmt.Sprintf("decision log: no longer covers offset %d (it holds [%d, %d); it is pruned below the group's committed offset once delivered)", offset, od.LogFrom, od.LogTo)
+		return fmt.Sprintf("decision log: no longer covers offset %d (it holds [%d, %d); a batch is pruned once delivered and older than decision_log.keep)", offset, od.LogFrom, od.LogTo)
 	}
-	return fmt.Sprintf("decision log: no longer covers offset %d (empty for this partition: pruned below the group's committed offset once delivered)", offset)
+	return fmt.Sprintf("decision log: no longer covers offset %d (empty for this partition: a batch is pruned once delivered and older than decision_log.keep)", offset)
 }

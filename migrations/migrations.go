@@ -28,13 +28,19 @@
 //     decisions, entities, logged_at, causes), primary key (grp, topic,
 //     part, first_offset): one row per decided batch with its forwarded and
 //     invalid records (and each invalid one's cause, migration 008), used
-//     by recovery to re-deliver [C, P).
+//     by recovery to re-deliver [C, P), and kept after delivery for
+//     decision_log.keep (explain answers from it); decision 6 marks an
+//     operator's skip.
+//   - operator_skips(grp, topic, part, skip_offset, skipped_by, reason,
+//     skipped_at, was, entity), primary key (grp, topic, part,
+//     skip_offset): who skipped which record, when and why (migration
+//     009; dam state skip), pruned with the decision log.
 //   - dam_schema_version(version): the applied migration version (tern).
 //
 // On a database with the citus extension (distributed PostgreSQL),
 // migration 005 distributes the tables over the workers: state, versions
 // and window_ids by identity, co-located; progress and decision_log by
-// partition (part), co-located. On plain PostgreSQL it does nothing.
+// partition (part), co-located (operator_skips too, migration 009). On plain PostgreSQL it does nothing.
 //
 // Concurrent runs are safe: tern holds a PostgreSQL advisory lock while it
 // migrates (on Citus, on the coordinator), so a second Up waits and then

@@ -129,7 +129,8 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		rec, err := w.rt.classifyIn(r, w.digests, i)
 		if err != nil {
 			if w.rt.dlq == "" && !catchUp {
-				halt = fmt.Errorf("%w: %s/%d offset %d: %s (route %s has no dead_letter topic)", ErrHalted, r.Topic, r.Partition, r.Offset, boundDetail(err.Error()), w.rt.service)
+				halt = fmt.Errorf("%w: %s/%d offset %d: %s (route %s has no dead_letter topic); %s", ErrHalted, r.Topic, r.Partition, r.Offset, boundDetail(err.Error()), w.rt.service,
+					skipHint(r.Topic, r.Partition, r.Offset))
 				recs, b.End = recs[:i], r.Offset
 				break
 			}
@@ -284,8 +285,8 @@ func (w *worker) decideApart(b *dedup.Batch, causes *[]error, how apart, first e
 		if err != nil && !r.Invalid && (dedup.RecordError(err) || workerFailed(err)) {
 			if how == apartLetter && w.rt.dlq == "" {
 				b.End = next
-				return decisions, i, fmt.Errorf("%w: %s/%d offset %d: the store refuses the record: %s (route %s has no dead_letter topic)",
-					ErrHalted, w.part.Topic, w.part.Partition, r.Offset, boundDetail(err.Error()), w.rt.service), nil
+				return decisions, i, fmt.Errorf("%w: %s/%d offset %d: the store refuses the record: %s (route %s has no dead_letter topic); %s",
+					ErrHalted, w.part.Topic, w.part.Partition, r.Offset, boundDetail(err.Error()), w.rt.service, skipHint(w.part.Topic, w.part.Partition, r.Offset)), nil
 			}
 			cause := fmt.Errorf("the store refuses the record: %w", err)
 			r.Invalid = true

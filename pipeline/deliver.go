@@ -83,7 +83,7 @@ func (w *worker) delivered(j *job) {
 		}
 		w.proven()
 		w.d.metrics.pollToCommit.WithLabelValues(w.rt.service).Observe(time.Since(j.polled).Seconds())
-		w.pruneLog()
+		w.noteDelivered()
 	}
 }
 
@@ -220,8 +220,8 @@ func (w *worker) stuckErr(s outRecord) error {
 	if w.rt.dlq != "" {
 		why = "its dead letter, without the value, was refused too"
 	}
-	return fmt.Errorf("%w: %s/%d offset %d: Kafka refuses the record for good and %s: %s",
-		ErrHalted, s.src.Topic, s.src.Partition, s.src.Offset, why, boundDetail(s.err.Error()))
+	return fmt.Errorf("%w: %s/%d offset %d: Kafka refuses the record for good and %s: %s; %s",
+		ErrHalted, s.src.Topic, s.src.Partition, s.src.Offset, why, boundDetail(s.err.Error()), skipHint(s.src.Topic, s.src.Partition, s.src.Offset))
 }
 
 // recordBatchSize is the size of a record batch holding r alone, as
@@ -334,16 +334,20 @@ func (w *worker) commit(offset int64, epoch int32) error {
 	return cerr
 }
 
-// pruneLog deletes the decision log below the committed offset, now and
-// then: those decisions are delivered.
-func (w *worker) pruneLog() {
-	if time.Since(w.lastPrune) < w.d.set.pruneEvery {
+// noteDelivered records the committed offset in the store now and then
+// (progress.delivered): the decision log below it is delivered, history
+// that recovery never replays, even when Kafka has no committed offset any
+// more. The log itself is kept for decision_log.keep and pruned off this
+// path (logkeep.go).
+func (w *worker) noteDelivered() {
+	if w.d.transactional || time.Since(w.lastNote) < w.d.set.noteEvery {
+		// (Exactly-once: each round records its commits, recordDelivered.)
 		return
 	}
-	w.lastPrune = time.Now()
+	w.lastNote = time.Now()
 	ctx, cancel := w.storeCtx(w.ctx)
 	defer cancel()
-	if _, err := w.d.store.PruneLog(ctx, w.part, w.committed); err != nil && w.ctx.Err() == nil {
-		w.log.Warn("pruning the decision log failed; it is retried later", zap.Error(err))
+	if err := w.d.store.SetDelivered(ctx, []dedup.Delivered{{Partition: w.part, Offset: w.committed}}); err != nil && w.ctx.Err() == nil {
+		w.log.Warn("recording the committed offset in the store failed; it is retried later", zap.Error(err))
 	}
 }

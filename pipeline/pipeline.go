@@ -195,13 +195,13 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		// Exactly-once: the round loop (transact.go) delivers.
 		transactional: cfg.Kafka.Delivery == config.DeliveryExactlyOnce,
 		set: settings{
-			group:      cfg.Kafka.Group,
-			batchSize:  cfg.Pipeline.BatchSize,
-			maxBatch:   cfg.Pipeline.MaxBatch,
-			grace:      cfg.Pipeline.ShutdownGrace,
-			retry:      p.retry,
-			lease:      ownershipLease(cfg.Kafka.SessionTimeout),
-			pruneEvery: 5 * time.Second,
+			group:     cfg.Kafka.Group,
+			batchSize: cfg.Pipeline.BatchSize,
+			maxBatch:  cfg.Pipeline.MaxBatch,
+			grace:     cfg.Pipeline.ShutdownGrace,
+			retry:     p.retry,
+			lease:     ownershipLease(cfg.Kafka.SessionTimeout),
+			noteEvery: 5 * time.Second,
 			// Two statements of a decide, each bounded by the server, a
 			// wait for a lock, and a connection.
 			storeTimeout: 2*cfg.Postgres.StatementTimeout + cfg.Postgres.LockTimeout + 5*time.Second,
@@ -323,8 +323,10 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 	bgCtx, stopBg := context.WithCancel(p.base)
 	var bg sync.WaitGroup
-	bg.Add(3)
+	bg.Add(5)
 	go func() { defer bg.Done(); p.probeLoop(bgCtx) }()
+	go func() { defer bg.Done(); p.logKeepLoop(bgCtx) }()
+	go func() { defer bg.Done(); p.haltWatchLoop(bgCtx) }()
 	go func() { defer bg.Done(); p.endsLoop(bgCtx) }()
 	go func() { defer bg.Done(); p.stateRowsLoop(bgCtx) }()
 	for _, rt := range p.routes {

@@ -418,11 +418,13 @@ func (w *worker) replay(recs []*kgo.Record, polled time.Time) ([]*kgo.Record, er
 					// Its dead letter can go nowhere now: halt there,
 					// as bad input does on a route without dead_letter,
 					// rather than count it and drop it.
-					j.halt = fmt.Errorf("%w: %s/%d offset %d: dead-lettered when decided (%s), and route %s has no dead_letter topic now: restore dead_letter, or fix the input, and restart",
-						ErrHalted, r.Topic, r.Partition, r.Offset, boundDetail(cause.Error()), w.rt.service)
+					j.halt = fmt.Errorf("%w: %s/%d offset %d: dead-lettered when decided (%s), and route %s has no dead_letter topic now: restore dead_letter and restart, or %s",
+						ErrHalted, r.Topic, r.Partition, r.Offset, boundDetail(cause.Error()), w.rt.service, skipHint(r.Topic, r.Partition, r.Offset))
 					return nil, w.emit(j)
 				}
 				j.add(w.rt.deadLetter(r, cause), r, outcomeRebuilt)
+			case dedup.Skipped: // an operator's skip (dam state skip): never delivered
+				j.counts[outcomeRebuilt]++
 			}
 		} else if owed {
 			// A duplicate of a forward that can no longer be read: the

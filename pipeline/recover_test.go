@@ -529,9 +529,10 @@ func TestVersionReplayDeliversNoStaleVersion(t *testing.T) {
 	}
 }
 
-// The decision log is pruned below the committed offset as batches are
-// delivered, in both delivery modes: it holds what may be undelivered, not
-// the whole history.
+// With decision_log.keep 0, the decision log is pruned below the committed
+// offset as batches are delivered (by the pruning loop, off the delivery
+// path), in both delivery modes: it holds what may be undelivered, not the
+// history.
 func TestLogPrunedBelowCommitted(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -540,6 +541,7 @@ func TestLogPrunedBelowCommitted(t *testing.T) {
 			kc := testkafka.New(t, 1, "in", "out")
 			dsn := pgtest.DSN(t)
 			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			cfg.DecisionLog.Keep = 0
 			store := openStore(t, dsn)
 			r := start(t, cfg, store)
 			one(t, kc, "in", rec("a", `1`), rec("b", `1`))

@@ -31,8 +31,8 @@ type settings struct {
 	// lease is how long a proof of ownership (a decide commit, an offset
 	// commit, an epoch check) is trusted before records are handed to the
 	// producer: a process paused past it (a zombie) checks the epoch first.
-	lease      time.Duration
-	pruneEvery time.Duration
+	lease     time.Duration
+	noteEvery time.Duration // how often the committed offset is recorded in the store
 	// storeTimeout bounds each call to PostgreSQL: a connection into a
 	// network black hole would otherwise wait for TCP to give up, minutes
 	// later. A call cut short has an unknown outcome, resolved as any other.
@@ -110,7 +110,7 @@ type worker struct {
 
 	// Deliverer state.
 	committed int64 // the committed offset C as last known; -1: none
-	lastPrune time.Time
+	lastNote  time.Time
 	// knownC is committed, for the decider (Batch.Delivered) and for the
 	// record made when the worker ends.
 	knownC atomic.Int64

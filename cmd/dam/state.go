@@ -23,19 +23,22 @@ import (
 func newStateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "state",
-		Short: "Inspect, reset and prune the stored state",
+		Short: "Inspect, reset and prune the stored state; skip a record",
 		Long: `Inspect and change what dam remembers per identity, in every mode: per
 (service, entity) the digest of the content last forwarded (last-seen) or
 the highest version forwarded (version), per (service, message id) when the
 id expires (window). Resetting an identity makes its next record forwarded
 (to re-deliver on purpose: reset, then replay upstream).
 
+dam state skip steps a halted partition past one record, recorded as an
+operator skip in the decision log.
+
 Entities (and window ids) are given as text, or as hex with --hex for keys
 that are not text.`,
 	}
 	addDSNFlag(cmd, true)
 	cmd.PersistentFlags().Bool("hex", false, "ENTITY arguments are hex-encoded bytes")
-	cmd.AddCommand(newStateGetCmd(), newStateResetCmd(), newStatePruneCmd(), newStateStatsCmd())
+	cmd.AddCommand(newStateGetCmd(), newStateResetCmd(), newStatePruneCmd(), newStateStatsCmd(), newStateSkipCmd())
 	return cmd
 }
 

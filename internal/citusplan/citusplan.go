@@ -307,6 +307,12 @@ func classify(plan string) Class {
 var names = []struct{ has, name string }{
 	{"WHERE false", "claim (lock by writing)"},
 	{"FROM progress WHERE grp = $1 AND topic = $2 AND part = $3 FOR UPDATE", "progress lock"},
+	{"SELECT next_offset, delivered FROM progress", "progress lock (skip)"},
+	{"UPDATE progress SET epoch = epoch + 1", "fence (skip)"},
+	{"UPDATE decision_log SET decisions", "mark skipped"},
+	{"INSERT INTO operator_skips", "record skip"},
+	{"DELETE FROM operator_skips", "prune skips"},
+	{"FROM operator_skips", "skip of an offset"},
 	{"FOR SHARE", "settled progress"},
 	{"ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = GREATEST(s.updated_at, EXCLUDED.updated_at), src_topic = NULL", "compare-and-set"},
 	{"set_config('enable_seqscan'", "planner settings"},
@@ -318,11 +324,13 @@ var names = []struct{ has, name string }{
 	{"UPDATE progress AS p SET delivered", "set delivered"},
 	{"INSERT INTO progress", "acquire (epoch)"},
 	{"FROM progress", "read progress"},
+	{"first_offset IN (SELECT first_offset FROM decision_log", "prune kept log"},
 	{"DELETE FROM decision_log", "prune log"},
 	{"min(first_offset), max(end_offset) FROM decision_log", "log range"},
 	{"min(first_offset) FROM decision_log", "log start"},
 	{"SELECT first_offset, end_offset, logged_at", "log batch of an offset"},
-	{"SELECT logged_at, offsets", "last forward of an entity"},
+	{"SELECT first_offset, logged_at, offsets", "last forward of an entity"},
+	{"LIMIT 1 FOR UPDATE", "log batch of an offset (skip)"},
 	{"FROM decision_log", "read log"},
 	{"SET expires_at = $3", "extend windows"},
 	{"unnest($4::bytea[]", "write (upsert)"},
@@ -564,6 +572,21 @@ func scenario(ctx context.Context, s *dedup.Store, o Options) error {
 		}},
 		{"prune log", func(ctx context.Context) error {
 			_, err := s.PruneLog(ctx, p, 10)
+			return err
+		}},
+		{"prune kept log", func(ctx context.Context) error {
+			_, err := s.PruneLogKept(ctx, p, 20, 0, 100)
+			return err
+		}},
+		{"operator skip", func(ctx context.Context) error {
+			pr, err := s.ReadProgress(ctx, p)
+			if err != nil || !pr.HasNext {
+				return err
+			}
+			if _, err := s.Skip(ctx, p, pr.Next, -1, "citusplan", "plan"); err != nil {
+				return err
+			}
+			_, _, err = s.SkipAt(ctx, p, pr.Next)
 			return err
 		}},
 	}
