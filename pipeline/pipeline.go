@@ -374,7 +374,7 @@ func (p *Pipeline) pollLoop(ctx context.Context, cl *kgo.Client) {
 		// records each on average. (Not franz-go's per-partition pause: a
 		// partition paused when revoked was seen never to fetch again once
 		// reassigned.)
-		p.deps.budget.wait(ctx)
+		p.deps.budget.waitWhile(ctx, p.overBudget)
 		fetches := cl.PollRecords(ctx, maxPoll)
 		p.dec.polled()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
@@ -853,4 +853,27 @@ func sha256Path() string {
 		return "8 values at a time in " + l + " vector lanes (this CPU has no SHA extensions)"
 	}
 	return "crypto/sha256, one value at a time"
+}
+
+// overBudget is at-least-once mode's backpressure: the partitions that
+// make progress hold their budget (max_in_flight records each on average,
+// max_in_flight_bytes in all). A partition that cannot (paused on an
+// outage or a lock of its own, retrying) is left out: it holds what it
+// took, and takes no more than its share (pauseOverShare), so that its
+// trouble never stops the others from polling. The records in flight are
+// then at most twice the budget: what the troubled partitions held when
+// their trouble began, and the budget of the others.
+func (p *Pipeline) overBudget() bool {
+	var healthy, records, bytes int64
+	for _, w := range p.allWorkers() {
+		if w.health.status() != nil {
+			continue
+		}
+		r, b := w.acct.held()
+		healthy++
+		records += r
+		bytes += b
+	}
+	bd := p.deps.budget
+	return healthy > 0 && (records >= healthy*bd.perPartition || bytes >= bd.maxBytes)
 }

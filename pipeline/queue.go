@@ -46,8 +46,12 @@ func (b *budget) over() bool {
 }
 
 // wait blocks while the budget is used up, until ctx ends.
-func (b *budget) wait(ctx context.Context) {
-	for b.over() {
+func (b *budget) wait(ctx context.Context) { b.waitWhile(ctx, b.over) }
+
+// waitWhile blocks while over reports the budget used up, until ctx ends;
+// each giving back wakes it to ask again.
+func (b *budget) waitWhile(ctx context.Context, over func() bool) {
+	for over() {
 		t := time.NewTimer(time.Second) // a missed signal is only a delay
 		select {
 		case <-b.room:

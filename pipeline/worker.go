@@ -366,23 +366,33 @@ func storeOp[T any](f func() (T, error)) func() (T, error) {
 	}
 }
 
-// share is what one partition may hold of the in-flight budget: its fair
-// part, max_in_flight records and its part of max_in_flight_bytes. Past
-// it the partition's fetching pauses, so that a partition that cannot
-// deliver (paused on a lock, an outage of its own) never takes the room
-// the others need: together they may use the whole budget only while
-// each delivers.
+// share is what a partition in trouble may hold of the in-flight budget:
+// its fair part, max_in_flight records and its part of
+// max_in_flight_bytes. Past it the partition's fetching pauses, so that a
+// partition that cannot deliver (paused on a lock, an outage of its own)
+// never takes the room the others need (overBudget). A partition making
+// progress has no share of its own: it may use what the others leave.
 func (w *worker) share() (records, bytes int64) {
 	n := max(w.d.budget.partitions.Load(), 1)
 	return w.d.budget.perPartition, w.d.budget.maxBytes / n
 }
 
 // pauseOverShare, in at-least-once mode's poll loop, returns the part of
-// recs that fits in the worker's share of the budget. When some do not
-// fit, it rewinds the partition to the first of them and pauses its
-// fetching, until deliveries give enough back. A worker that holds
-// nothing takes at least one record, so that a partition always moves.
+// recs that a partition in trouble (retrying: health.status) may take
+// within its share of the budget; a partition making progress takes them
+// all. When some do not fit, it rewinds the partition to the first of
+// them and pauses its fetching, until it makes progress again or its
+// deliveries give half of its share back (resumeUnderShare). A worker
+// that holds nothing takes at least one record.
 func (w *worker) pauseOverShare(cl *kgo.Client, recs []*kgo.Record) []*kgo.Record {
+	// Under pauseMu, the held records read here cannot fall to nothing
+	// unseen: a delivery after this read resumes what this pauses
+	// (resumeUnderShare), one before it is counted.
+	if w.health.status() == nil {
+		return recs
+	}
+	w.pauseMu.Lock()
+	defer w.pauseMu.Unlock()
 	held, heldBytes := w.acct.held()
 	maxRecs, maxBytes := w.share()
 	k := 0
@@ -397,8 +407,6 @@ func (w *worker) pauseOverShare(cl *kgo.Client, recs []*kgo.Record) []*kgo.Recor
 	if k == len(recs) {
 		return recs
 	}
-	w.pauseMu.Lock()
-	defer w.pauseMu.Unlock()
 	if w.ctx.Err() != nil {
 		return recs // ended: its closed queue drops them
 	}
@@ -411,15 +419,20 @@ func (w *worker) pauseOverShare(cl *kgo.Client, recs []*kgo.Record) []*kgo.Recor
 	return recs[:k]
 }
 
-// resumeUnderShare resumes the partition's fetching once it holds less
-// than half its share (after a delivery).
+// resumeUnderShare resumes the partition's fetching (after a delivery)
+// once it makes progress again or holds less than half its share.
 func (w *worker) resumeUnderShare() {
-	held, heldBytes := w.acct.held()
-	maxRecs, maxBytes := w.share()
-	if held*2 >= maxRecs || heldBytes*2 >= maxBytes {
+	w.pauseMu.Lock()
+	defer w.pauseMu.Unlock()
+	if !w.fetchPaused {
 		return
 	}
-	w.resumeFetch()
+	held, heldBytes := w.acct.held()
+	maxRecs, maxBytes := w.share()
+	if w.health.status() != nil && (held*2 >= maxRecs || heldBytes*2 >= maxBytes) {
+		return
+	}
+	w.resumeLocked()
 }
 
 // resumeFetch resumes the partition's fetching if pauseOverShare paused
@@ -428,6 +441,10 @@ func (w *worker) resumeUnderShare() {
 func (w *worker) resumeFetch() {
 	w.pauseMu.Lock()
 	defer w.pauseMu.Unlock()
+	w.resumeLocked()
+}
+
+func (w *worker) resumeLocked() {
 	if !w.fetchPaused {
 		return
 	}
