@@ -45,6 +45,7 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(
 		newHashCmd(),
 		newExplainCmd(),
+		newAnalyzeCmd(),
 		newMigrateCmd(),
 		newStateCmd(),
 		newConfigCmd(),
