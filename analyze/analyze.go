@@ -358,7 +358,7 @@ type decider struct {
 	state map[idKey]*slot
 
 	records, forwarded, refreshed, duplicates, stale, invalid int64
-	identities                                               int64
+	identities                                                int64
 
 	bad              map[string]*Reason // dead letters by reason; nil: not kept
 	top              *topDrops
