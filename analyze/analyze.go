@@ -355,7 +355,7 @@ func (a *analysis) whatIf(ctx context.Context, base []*decider) error {
 type decider struct {
 	route *pipeline.Route
 	rule  dedup.Rule
-	state map[idKey]*slot
+	state map[idKey]slot
 
 	records, forwarded, refreshed, duplicates, stale, invalid int64
 	identities                                                int64
@@ -367,7 +367,7 @@ type decider struct {
 }
 
 func newDecider(rt *pipeline.Route, o Options) *decider {
-	d := &decider{route: rt, rule: rt.Rule(), state: map[idKey]*slot{}}
+	d := &decider{route: rt, rule: rt.Rule(), state: map[idKey]slot{}}
 	if o.TopEntities > 0 {
 		d.top = &topDrops{n: o.TopEntities, index: map[idKey]int{}}
 	}
@@ -399,12 +399,13 @@ func (d *decider) decide(r *kgo.Record, now time.Time, src Source) int64 {
 	o := d.rule.Decide(prev, short(digest), version, now)
 	var added int64
 	if !found {
-		s = new(slot)
-		d.state[k] = s
 		d.identities++
 		added = 1
 	}
 	s.set(o.State)
+	if o.Decision.Forwards() {
+		d.state[k] = s
+	}
 	switch o.Decision {
 	case dedup.Forward, dedup.Refresh:
 		d.forwarded++
@@ -421,6 +422,7 @@ func (d *decider) decide(r *kgo.Record, now time.Time, src Source) int64 {
 		d.stale++
 	}
 	s.drops++
+	d.state[k] = s
 	if d.top != nil {
 		d.top.add(k, id, int64(s.drops))
 	}
