@@ -394,7 +394,7 @@ func (d *decider) decide(r *kgo.Record, now time.Time, src Source) int64 {
 	s, found := d.state[k]
 	var prev dedup.Stored
 	if found {
-		prev = s.stored()
+		prev = s.stored(d.rule.Mode)
 	}
 	o := d.rule.Decide(prev, short(digest), version, now)
 	var added int64
@@ -402,7 +402,7 @@ func (d *decider) decide(r *kgo.Record, now time.Time, src Source) int64 {
 		d.identities++
 		added = 1
 	}
-	s.set(o.State)
+	s.set(d.rule.Mode, o.State)
 	if o.Decision.Forwards() {
 		d.state[k] = s
 	}

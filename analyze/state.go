@@ -21,16 +21,17 @@ func keyOf(identity []byte) idKey {
 	return idKey(sum[:16])
 }
 
-// slot is an identity's stored state: dedup.Stored without Found (a slot
-// exists only for a found identity), its digest cut to its scheme and 15
-// bytes of its SHA-256 (the rules only compare digests for equality), and
-// its times as Unix nanoseconds (0: the zero time).
+// slot is an identity's stored state: the part of dedup.Stored its
+// route's mode reads (a slot exists only for a found identity). Its
+// digest is cut to its scheme and 15 bytes of its SHA-256 (the rules only
+// compare digests for equality); at is, as Unix nanoseconds (0: the zero
+// time), when the identity was last forwarded in last-seen mode (what
+// refresh_after reads), or its window's expiry in window mode, or its
+// version in version mode.
 type slot struct {
-	digest    [16]byte
-	forwarded int64
-	expires   int64
-	version   int64
-	drops     uint32 // the identity's would-be drops (duplicate or stale)
+	digest [16]byte
+	at     int64
+	drops  uint32 // the identity's would-be drops (duplicate or stale)
 }
 
 // short cuts a digest to a slot's: its scheme byte and 15 bytes of its
@@ -56,19 +57,35 @@ func fromNanos(n int64) time.Time {
 	return time.Unix(0, n).UTC()
 }
 
-// stored is what the rule reads of s.
-func (s *slot) stored() dedup.Stored {
-	var d canon.Digest
-	copy(d[:16], s.digest[:])
-	return dedup.Stored{Found: true, Digest: d, Forwarded: fromNanos(s.forwarded), Expires: fromNanos(s.expires), Version: s.version}
+// stored is what a rule of mode m reads of s.
+func (s *slot) stored(m dedup.Mode) dedup.Stored {
+	st := dedup.Stored{Found: true}
+	copy(st.Digest[:16], s.digest[:])
+	switch m {
+	case dedup.Window:
+		st.Expires = fromNanos(s.at)
+	case dedup.Version:
+		st.Version = s.at
+	default:
+		st.Forwarded = fromNanos(s.at)
+	}
+	return st
 }
 
-// set stores st, the state the rule left.
-func (s *slot) set(st dedup.Stored) {
+// set stores what a rule of mode m reads of st, the state it left.
+func (s *slot) set(m dedup.Mode, st dedup.Stored) {
 	copy(s.digest[:], st.Digest[:16])
-	s.forwarded, s.expires, s.version = nanos(st.Forwarded), nanos(st.Expires), st.Version
+	switch m {
+	case dedup.Window:
+		s.at = nanos(st.Expires)
+	case dedup.Version:
+		s.at = st.Version
+	default:
+		s.at = nanos(st.Forwarded)
+	}
 }
 
-// slotBytes is what one identity takes in memory, the map's overhead
-// included (measured: see TestStateMemoryPerIdentity).
-const slotBytes = 100
+// slotBytes bounds what one identity takes in memory, the map's
+// overhead included: 48 bytes a key and slot, in a map between 7/16 and
+// 7/8 full (TestStateMemoryPerIdentity measures it).
+const slotBytes = 120
