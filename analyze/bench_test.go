@@ -24,7 +24,7 @@ func (m memSource) Read(ctx context.Context, _ []string, fn func(*kgo.Record) er
 	}
 	return nil
 }
-func (m memSource) Rereadable() bool            { return true }
+func (m memSource) Rereadable() bool           { return true }
 func (m memSource) Where(r *kgo.Record) string { return fmt.Sprint(r.Offset) }
 
 // benchRecords are n records of 10000 entities, ~250 B of nested JSON,
