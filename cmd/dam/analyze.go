@@ -94,6 +94,8 @@ reading stops when it is reached, and the report says where.`,
 				return usagef("analyze: --max-records must not be negative")
 			case o.MaxIdentities <= 0:
 				return usagef("analyze: --max-identities must be positive")
+			case o.Clock != analyze.ClockRecord && o.Clock != analyze.ClockStart:
+				return usagef("analyze: --clock %q: want %s or %s", o.Clock, analyze.ClockRecord, analyze.ClockStart)
 			}
 			start, err := analyze.ParseStart(from)
 			if err != nil {
@@ -388,7 +390,8 @@ func printChurn(w io.Writer, r analyze.RouteReport) error {
 		fmt.Fprintln(w, "    none")
 		return nil
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	var buf strings.Builder
+	tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "    path\tchanged\tshare\tif ignored too\n")
 	for _, p := range c.Paths {
 		path := p.Path
@@ -408,5 +411,13 @@ func printChurn(w io.Writer, r analyze.RouteReport) error {
 	if c.OtherPaths > 0 {
 		fmt.Fprintf(tw, "    (other paths)\t%d\t\t\n", c.OtherPaths)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, line := range strings.SplitAfter(buf.String(), "\n") {
+		if line != "" {
+			fmt.Fprintln(w, strings.TrimRight(line, " \n"))
+		}
+	}
+	return nil
 }

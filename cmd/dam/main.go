@@ -1,7 +1,7 @@
 // Command dam is the sidecar that stops duplicate projections before they
 // reach an adapter, and the operator's tool around it.
 //
-// Subcommands: run, serve, migrate, demo, hash, explain, state, config,
+// Subcommands: run, serve, migrate, demo, hash, explain, analyze, state, config,
 // version. Exit status is 0 on success, 1 on a runtime failure and 2 on a
 // usage or configuration error.
 package main
