@@ -40,11 +40,20 @@ const envIgnorePrefix = "DAM_TEST_"
 // The error, if any, joins every problem found: *FileError for an unreadable
 // or unparseable file, otherwise *Error values naming keys or variables.
 func Load(path string, environ []string) (Config, error) {
-	return load(path, environ, false)
+	return load(path, environ, forRun)
 }
 
-// load is Load, or LoadServe when forServe.
-func load(path string, environ []string, forServe bool) (Config, error) {
+// purpose is the command a configuration is loaded for: what it requires.
+type purpose uint8
+
+const (
+	forRun     purpose = iota // dam run (and every command but serve and analyze)
+	forServe                  // LoadServe
+	forAnalyze                // LoadAnalyze
+)
+
+// load is Load, LoadServe or LoadAnalyze, by purpose.
+func load(path string, environ []string, use purpose) (Config, error) {
 	k := koanf.New(".")
 	if path != "" {
 		b, err := file.Provider(path).ReadBytes()
@@ -74,7 +83,10 @@ func load(path string, environ []string, forServe bool) (Config, error) {
 	d.readSecretFiles(&cfg)
 	errs = append(errs, d.errs...)
 	problems := cfg.validate()
-	if forServe {
+	switch use {
+	case forAnalyze:
+		problems = slices.DeleteFunc(problems, analyzesWithout)
+	case forServe:
 		problems = slices.DeleteFunc(problems, servesWithout)
 		v := &validator{}
 		cfg.validateForServe(v)

@@ -237,7 +237,7 @@ func (c *Config) validateForServe(v *validator) {
 // route only lends its hashing options to its service), and at least one
 // token is required.
 func LoadServe(path string, environ []string) (Config, error) {
-	return load(path, environ, true)
+	return load(path, environ, forServe)
 }
 
 // servesWithout reports a problem that does not concern `dam serve`: the

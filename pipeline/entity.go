@@ -78,3 +78,8 @@ func (r *Route) Entity(rec *kgo.Record) ([]byte, error) {
 // Rule returns the decision rule the route's batches carry: its mode and
 // that mode's settings.
 func (r *Route) Rule() dedup.Rule { return r.rt.rule }
+
+// Hasher returns the route's hasher: its format, ignore pointers and
+// limits, as its digests are computed (dam analyze reads the canonical
+// form of the records it would forward through it).
+func (r *Route) Hasher() *canon.Hasher { return r.rt.hasher }

@@ -1,7 +1,8 @@
 // Command dam is the sidecar that stops duplicate projections before they
 // reach an adapter, and the operator's tool around it.
 //
-// Subcommands: run, check, serve, migrate, demo, hash, explain, state, config,
+// Subcommands: run, check, serve, migrate, demo, playground, hash, explain,
+// analyze, state, config,
 // version. Exit status is 0 on success, 1 on a runtime failure and 2 on a
 // usage or configuration error.
 package main
@@ -45,6 +46,7 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(
 		newHashCmd(),
 		newExplainCmd(),
+		newAnalyzeCmd(),
 		newMigrateCmd(),
 		newStateCmd(),
 		newConfigCmd(),

@@ -16,6 +16,12 @@
 //     and their ratio is taken over all their runs;
 //   - dam-eos: dam (entity: key) with kafka.delivery: exactly-once, its
 //     rate compared with dam's over all dam's runs;
+//   - dam-analyze: `dam analyze` on the same backlog with the route of dam,
+//     reading and deciding only (no changed paths, no what-if runs), its
+//     rate compared with dam's over all dam's runs: it decides in memory,
+//     with no PostgreSQL and no writes; dam-analyze-full: with the
+//     command's defaults (changed paths, and what-if runs that read the
+//     backlog again), shown beside it;
 //   - dam-citus: dam on a Citus cluster of its own (a coordinator and
 //     -citus-workers workers on this machine), next to dam-single, dam on
 //     one throwaway server with the same settings as each Citus node; the
@@ -112,8 +118,8 @@ func main() {
 	flag.DurationVar(&o.steady, "steady", 5*time.Second, "duration of the steady phase")
 	flag.Float64Var(&o.dupRate, "dup-rate", 0.30, "share of records repeating their entity's content")
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $"+envDSN+", else "+defaultDSN+", else a throwaway local cluster)")
-	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-pointer,dam-pointer,dam,dam-base,dam-eos,dam-single,dam-citus",
-		"variants to run, in order (dam-base: dam built at -base; dam-pointer: dam with entity: /id; the dam variants run in both orders; dam-eos: dam with kafka.delivery: exactly-once; dam-citus: dam on a Citus cluster, dam-single: on one server set up as its nodes)")
+	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-pointer,dam-pointer,dam,dam-base,dam-eos,dam-analyze,dam-analyze-full,dam-single,dam-citus",
+		"variants to run, in order (dam-base: dam built at -base; dam-pointer: dam with entity: /id; the dam variants run in both orders; dam-eos: dam with kafka.delivery: exactly-once; dam-analyze: dam analyze reading and deciding the backlog, dam-analyze-full: with its changed paths and what-if runs; dam-citus: dam on a Citus cluster, dam-single: on one server set up as its nodes)")
 	flag.IntVar(&o.citusWorkers, "citus-workers", 2, "workers of dam-citus's Citus cluster")
 	flag.IntVar(&o.citusRecords, "citus-records", 0, "records in the backlog of dam-single and dam-citus (0: -records)")
 	flag.IntVar(&o.citusCachedConns, "citus-cached-conns", 0, "citus.max_cached_conns_per_worker of dam-citus's coordinator (0: Citus's default, 1)")
@@ -656,6 +662,9 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 	}
 	logf("%s: %d records pre-produced in %s", variant, n, time.Since(t0).Round(time.Millisecond))
 
+	if variant == variantAnalyze || variant == variantAnalyzeFull {
+		return runAnalyze(o, res, broker, in, variant == variantAnalyzeFull)
+	}
 	dsn, drop, err := freshSchema(ctx, t, variant)
 	if err != nil {
 		return res, err
@@ -910,7 +919,7 @@ func printTable(w io.Writer, o options, rs []result) {
 			r.variant += "*"
 		}
 		wal, pgc := "-", "-"
-		if isDam(r.variant) || r.variant == "naive" {
+		if isDam(r.variant) && !strings.HasPrefix(r.variant, variantAnalyze) || r.variant == "naive" {
 			wal = fmt.Sprintf("%.0f", float64(r.walBytes)/float64(r.records))
 			pgc = fmt.Sprintf("%.1f", float64(r.pgCPU.Microseconds())/float64(r.records))
 		}
@@ -976,6 +985,13 @@ func printTable(w io.Writer, o options, rs []result) {
 		x := e.rate() / total["dam"].rate()
 		fmt.Fprintf(w, "  exactly-once >= 0.7x at-least-once %5.2fx  %s  (kfake's transactions are far cheaper than a real cluster's)\n", x, verdict(x >= 0.7))
 	}
+	if a, ok := byName[variantAnalyze]; ok {
+		x := a.rate() / total["dam"].rate()
+		fmt.Fprintf(w, "  analyze >= 3x dam run  %7.2fx  %s  (dam analyze reading and deciding the same backlog in memory, vs dam over all its runs)\n", x, verdict(x >= 3))
+	}
+	if a, ok := byName[variantAnalyzeFull]; ok {
+		fmt.Fprintf(w, "  dam analyze with its changed paths and what-if runs (the defaults): %.2fx dam run\n", a.rate()/total["dam"].rate())
+	}
 	if p, ok := total["dam-pointer"]; ok {
 		d := total["dam"]
 		x := p.rate() / d.rate()
@@ -996,4 +1012,53 @@ func profileDir(env string) string {
 		return "bench-profiles"
 	}
 	return env
+}
+
+// The variants that run `dam analyze` on the backlog instead of dam run.
+const (
+	variantAnalyze     = "dam-analyze"
+	variantAnalyzeFull = "dam-analyze-full"
+)
+
+// runAnalyze runs `dam analyze` over the backlog of topic in, with the
+// route the dam variant runs (entity: key), until it exits: reading and
+// deciding only, or (full) with the command's defaults, its changed paths
+// and what-if runs. Its rate is the backlog over its whole run, process
+// start and every pass included. It needs no PostgreSQL and has no steady
+// phase.
+func runAnalyze(o options, res result, broker, in string, full bool) (result, error) {
+	args := []string{"analyze", "--brokers", broker, "--topic", in, "--entity", "key", "--progress", "none", "-o", "json"}
+	if !full {
+		args = append(args, "--what-if", "0", "--summary-bytes", "0")
+	}
+	cmd := exec.Command(o.damBin, args...)
+	cmd.Stderr = os.Stderr
+	var out strings.Builder
+	cmd.Stdout = &out
+	begin := time.Now()
+	if err := cmd.Run(); err != nil {
+		return res, fmt.Errorf("dam analyze: %w", err)
+	}
+	res.elapsed = time.Since(begin)
+	res.backlog = quantiles{P50: math.NaN(), P99: math.NaN()}
+	var rep struct {
+		Records int64 `json:"records"`
+		Passes  int   `json:"passes"`
+		Routes  []struct {
+			Forwarded int64 `json:"forwarded"`
+		} `json:"routes"`
+	}
+	if err := json.Unmarshal([]byte(out.String()), &rep); err != nil || len(rep.Routes) != 1 {
+		return res, fmt.Errorf("dam analyze: its report: %v", err)
+	}
+	if rep.Records != int64(res.records) {
+		return res, fmt.Errorf("dam analyze read %d records of the %d", rep.Records, res.records)
+	}
+	res.forwarded = rep.Routes[0].Forwarded
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		res.rssKB = ru.Maxrss
+		res.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	logf("%s: %d records in %s (%d passes): %.0f records/s", res.variant, res.records, res.elapsed.Round(time.Millisecond), rep.Passes, res.rate())
+	return res, nil
 }

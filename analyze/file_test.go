@@ -1,0 +1,111 @@
+package analyze_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/dam-dedup/dam/analyze"
+)
+
+// readAll reads a source once and returns its records.
+func readAll(t *testing.T, src analyze.Source) []*kgo.Record {
+	t.Helper()
+	var recs []*kgo.Record
+	if err := src.Read(context.Background(), nil, func(r *kgo.Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+func writeFile(t *testing.T, lines ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "records")
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestFileSourceForms reads both line forms: kcat's -J envelope (its key,
+// payload, null payload as a tombstone, timestamp and both header forms)
+// and a value with or without a tab-separated key.
+func TestFileSourceForms(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t,
+		`{"topic":"t","partition":2,"offset":17,"tstype":"create","ts":1700000000123,"broker":1,"headers":["h","1","g",null],"key":"k1","payload":"{\"a\":1}"}`,
+		`{"topic":"t","partition":2,"offset":18,"key":null,"payload":null,"headers":[{"key":"h","value":"2"}]}`,
+		"k2\t{\"a\":\t2}",
+		`{"payload":"not an envelope: no topic"}`,
+		"",
+		`[1,2]`,
+	)
+	recs := readAll(t, analyze.NewFileSource(path, "route-topic", 1<<20))
+	if len(recs) != 5 {
+		t.Fatalf("read %d records, want 5 (the blank line skipped)", len(recs))
+	}
+	r := recs[0]
+	if r.Topic != "t" || r.Partition != 2 || r.Offset != 17 || string(r.Key) != "k1" || string(r.Value) != `{"a":1}` ||
+		r.Timestamp.UnixMilli() != 1700000000123 || len(r.Headers) != 2 || string(r.Headers[0].Value) != "1" || r.Headers[1].Value != nil {
+		t.Errorf("envelope: %+v", r)
+	}
+	if r := recs[1]; r.Key != nil || r.Value != nil || len(r.Headers) != 1 || string(r.Headers[0].Value) != "2" {
+		t.Errorf("tombstone envelope: key %q value %q headers %v", r.Key, r.Value, r.Headers)
+	}
+	if r := recs[2]; r.Topic != "route-topic" || string(r.Key) != "k2" || string(r.Value) != "{\"a\":\t2}" {
+		t.Errorf("keyed line: %q %q %q", r.Topic, r.Key, r.Value)
+	}
+	if r := recs[3]; r.Key != nil || string(r.Value) != `{"payload":"not an envelope: no topic"}` {
+		t.Errorf("a value with a payload member: %q %q", r.Key, r.Value)
+	}
+	if got := analyze.NewFileSource(path, "x", 1<<20).Where(recs[0]); !strings.Contains(got, ":1 (partition 2, offset 17)") {
+		t.Errorf("Where = %q", got)
+	}
+	all := readAll(t, analyze.NewFileSource(path, "only", 1<<20).AllToTopic())
+	if all[0].Topic != "only" {
+		t.Errorf("AllToTopic: an envelope's record has topic %q", all[0].Topic)
+	}
+	plain := readAll(t, analyze.NewFileSource(path, "x", 1<<20).WithoutKeys())
+	if r := plain[2]; r.Key != nil || string(r.Value) != "k2\t{\"a\":\t2}" {
+		t.Errorf("WithoutKeys: %q %q", r.Key, r.Value)
+	}
+}
+
+// TestFileSourceLineLimit: a line past the limit ends the reading with an
+// error naming its line, never an unbounded buffer.
+func TestFileSourceLineLimit(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, `{"a":1}`, `{"a":"`+strings.Repeat("x", 200<<10)+`"}`)
+	err := analyze.NewFileSource(path, "t", 100<<10).Read(context.Background(), nil, func(*kgo.Record) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "line 2") || !strings.Contains(err.Error(), "too long") {
+		t.Fatalf("err = %v, want line 2 too long", err)
+	}
+}
+
+// TestFileSourceRereadsTheSameLines: after a first Read stopped early, a
+// later Read passes the same records, no more.
+func TestFileSourceRereadsTheSameLines(t *testing.T) {
+	t.Parallel()
+	path := writeFile(t, "a\t1", "b\t2", "c\t3", "d\t4")
+	src := analyze.NewFileSource(path, "t", 1<<20)
+	n := 0
+	if err := src.Read(context.Background(), nil, func(*kgo.Record) error {
+		if n == 2 {
+			return analyze.ErrStop
+		}
+		n++
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if again := readAll(t, src); len(again) != 2 || string(again[1].Key) != "b" {
+		t.Fatalf("the second read passed %d records, want the first 2", len(again))
+	}
+}
