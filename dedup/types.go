@@ -184,7 +184,7 @@ type Batch struct {
 	// one it replaces), or to Offset -1 when there was no state or none is
 	// known (a state set by Check). Reading it
 	// costs three more columns per identity read: nil (the default) reads
-	// none. Entries are not set when Decide fails.
+	// none. After a failed Decide the entries are undefined.
 	Sources []Source
 }
 
