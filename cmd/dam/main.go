@@ -1,8 +1,8 @@
 // Command dam is the sidecar that stops duplicate projections before they
 // reach an adapter, and the operator's tool around it.
 //
-// Subcommands: run, serve, migrate, demo, hash, explain, state, config,
-// version. Exit status is 0 on success, 1 on a runtime failure and 2 on a
+// Subcommands: run, serve, migrate, demo, hash, explain, tap, top, state,
+// config, version. Exit status is 0 on success, 1 on a runtime failure and 2 on a
 // usage or configuration error.
 package main
 
@@ -45,6 +45,8 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(
 		newHashCmd(),
 		newExplainCmd(),
+		newTapCmd(),
+		newTopCmd(),
 		newMigrateCmd(),
 		newStateCmd(),
 		newConfigCmd(),
