@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -25,9 +26,10 @@ import (
 // decider checks one atomic and builds nothing; with readers, it builds
 // the batch's events once (one allocation, shared by every reader) and
 // hands them to each reader without blocking. A reader's buffer is
-// bounded (tapBufferEvents decisions, tapBufferBatches batches): what does
-// not fit is lost for that reader alone, counted, and the reader is told
-// how many. The readers at once are bounded (http.tap.max_readers).
+// bounded (tapBufferEvents decisions, tapBufferBatches batches), and so is
+// its rate (TapMaxRate): what does not fit is lost for that reader alone,
+// counted, and the reader is told how many. The readers at once are
+// bounded (http.tap.max_readers).
 //
 // Catch-up batches (deciding what Kafka's offset is already past) and a
 // recovery's re-deliveries are not new decisions: they are not tapped.
@@ -46,6 +48,15 @@ const (
 	tapBufferEvents  = 4096
 	tapBufferBatches = 256
 )
+
+// TapMaxRate bounds the decisions a reader receives per second (with a
+// burst of as many): each costs the sidecar a line to encode and send,
+// and a reader of every decision of a busy sidecar would take a
+// noticeable share of its CPU. Beyond it, decisions are lost for the
+// reader and counted as such. Filters and sampling come first: a filtered
+// reader sees every decision it selects up to this rate. (Vector's tap
+// samples too: 100 events per half second by default.)
+const TapMaxRate = 10000
 
 // tapEntityMax bounds the entity bytes a tapped decision keeps (a key is
 // producer-controlled): a longer one is cut (TapEvent.EntityCut).
@@ -82,8 +93,8 @@ type TapFilter struct {
 	Entity    []byte
 	HasEntity bool
 	// Sample, in (0, 1), keeps that fraction of the selected decisions at
-	// random; 0 or 1 keeps them all. A reader's lost count is of
-	// selected decisions before sampling.
+	// random; 0 or 1 keeps them all. (A full buffer loses decisions before
+	// sampling, the rate bound after it.)
 	Sample float64
 }
 
@@ -144,7 +155,8 @@ func (t *Tap) Subscribe(f TapFilter) (*TapReader, error) {
 	if f.Sample >= 1 || f.Sample < 0 {
 		f.Sample = 0
 	}
-	r := &TapReader{t: t, f: f, ch: make(chan tapBatch, tapBufferBatches), done: make(chan struct{})}
+	r := &TapReader{t: t, f: f, ch: make(chan tapBatch, tapBufferBatches), done: make(chan struct{}),
+		tokens: TapMaxRate, refilled: time.Now()}
 	t.subs[r] = struct{}{}
 	t.readers.Store(int32(len(t.subs)))
 	return r, nil
@@ -214,6 +226,10 @@ type TapReader struct {
 	lost   atomic.Int64 // selected decisions lost, not yet reported
 	done   chan struct{}
 	once   sync.Once
+	// tokens is the reader's budget of decisions (TapMaxRate a second),
+	// as of refilled: Next's alone.
+	tokens   float64
+	refilled time.Time
 }
 
 func (r *TapReader) end() { r.once.Do(func() { close(r.done) }) }
@@ -249,14 +265,24 @@ func (r *TapReader) Next(ctx context.Context) ([]TapEvent, int64, error) {
 			}
 		}
 		r.queued.Add(-int64(b.n))
-		out := make([]TapEvent, 0, b.n)
+		now := time.Now()
+		r.tokens = min(TapMaxRate, r.tokens+now.Sub(r.refilled).Seconds()*TapMaxRate)
+		r.refilled = now
+		out := make([]TapEvent, 0, min(b.n, int(r.tokens)))
+		var over int64
 		for i := range b.evs {
 			e := &b.evs[i]
-			if r.f.selects(e) && (r.f.Sample == 0 || rand.Float64() < r.f.Sample) {
-				out = append(out, *e)
+			if !r.f.selects(e) || (r.f.Sample != 0 && rand.Float64() >= r.f.Sample) {
+				continue
 			}
+			if r.tokens < 1 {
+				over++
+				continue
+			}
+			r.tokens--
+			out = append(out, *e)
 		}
-		if lost := r.lost.Swap(0); len(out) > 0 || lost > 0 {
+		if lost := r.lost.Swap(0) + over; len(out) > 0 || lost > 0 {
 			return out, lost, nil
 		}
 	}

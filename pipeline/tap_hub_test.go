@@ -99,3 +99,32 @@ func TestTapLineReasons(t *testing.T) {
 		t.Fatalf("dead-letter line %+v", l)
 	}
 }
+
+// A reader receives at most TapMaxRate decisions a second, however fast
+// it reads; the rest are counted lost.
+func TestTapReaderRateBound(t *testing.T) {
+	tp := newTap(1)
+	r, err := tp.Subscribe(TapFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	outcomes := make([]string, 2000)
+	for i := range outcomes {
+		outcomes[i] = "forwarded"
+	}
+	start := time.Now()
+	got, lost := 0, int64(0)
+	for range 6 {
+		tp.publish(tapEvents("s", outcomes...))
+		evs, l, err := r.Next(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, lost = got+len(evs), lost+l
+	}
+	limit := TapMaxRate + int(time.Since(start).Seconds()*TapMaxRate) + 1
+	if got > limit || got+int(lost) != 6*len(outcomes) {
+		t.Fatalf("read %d, lost %d of %d: want at most %d read and the rest lost", got, lost, 6*len(outcomes), limit)
+	}
+}

@@ -204,7 +204,9 @@ func (o *sidecarViews) serveTap(w http.ResponseWriter, r *http.Request) {
 	for {
 		evs, lost, err := rd.Next(r.Context())
 		if lost > 0 {
-			_ = enc.Encode(pipeline.TapLine{Lost: lost})
+			_ = enc.Encode(struct {
+				Lost int64 `json:"lost"`
+			}{lost})
 		}
 		for i := range evs {
 			_ = enc.Encode(evs[i].Line())
@@ -375,7 +377,26 @@ func tapText(l pipeline.TapLine) string {
 	if l.Lost > 0 {
 		return fmt.Sprintf("# lost %d decisions: this reader did not keep up\n", l.Lost)
 	}
-	return fmt.Sprintf("%s %s/%d@%d %s %s: %s\n", l.Service, l.Topic, l.Partition, l.Offset, quoteField(l.Entity), l.Decision, l.Reason)
+	return fmt.Sprintf("%s %s/%d@%d %s %s: %s\n", printable(l.Service), printable(l.Topic), l.Partition, l.Offset,
+		quoteField(printable(l.Entity)), l.Decision, printable(l.Reason))
+}
+
+// printable escapes what a terminal would act on (controls, format
+// characters such as bidirectional overrides) as \uXXXX: a reason may
+// quote hostile input.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return !strconv.IsPrint(r) && r != ' ' }) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if r == ' ' || strconv.IsPrint(r) {
+			b.WriteRune(r)
+		} else {
+			fmt.Fprintf(&b, "\\u%04x", r)
+		}
+	}
+	return b.String()
 }
 
 // quoteField quotes an entity that would not read as one field.

@@ -281,3 +281,12 @@ func TestTapNeedsItsToken(t *testing.T) {
 		t.Errorf("dam tap with a wrong token: exit %d, %q", code, errOut)
 	}
 }
+
+// What dam tap prints of a decision is safe on a terminal: a reason or an
+// entity that quotes hostile input has its controls escaped.
+func TestTapTextEscapes(t *testing.T) {
+	got := tapText(pipeline.TapLine{Service: "s", Topic: "in", Offset: 3, Entity: "a b", Decision: "dead-letter", Reason: "bad input: \x1b[2J\u202e"})
+	if want := "s in/0@3 \"a b\" dead-letter: bad input: \\u001b[2J\\u202e\n"; got != want {
+		t.Fatalf("%q, want %q", got, want)
+	}
+}

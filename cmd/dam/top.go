@@ -475,7 +475,7 @@ func renderTop(v topView, o topOptions) string {
 			}
 			state := p.State
 			if p.Why != "" && p.State != "running" {
-				state += ": " + cut(p.Why, 300)
+				state += ": " + cut(printable(p.Why), 300)
 			}
 			rows = append(rows, row{name: name, cells: [7]string{6: lag}, state: state})
 		}
