@@ -144,11 +144,14 @@ type Postgres struct {
 	IdleInTransactionTimeout time.Duration `koanf:"idle_in_transaction_timeout"`
 }
 
-// HTTP configures the HTTP endpoint serving /metrics, /healthz and /readyz.
+// HTTP configures the HTTP endpoint serving /metrics, /healthz, /readyz
+// and /v1/status, and /v1/tap when the tap is enabled.
 type HTTP struct {
 	// Listen is the listen address. Default ":9090"; "" disables the
 	// endpoint.
 	Listen string `koanf:"listen"`
+	// Tap is the live stream of decisions (dam tap). Default off.
+	Tap Tap `koanf:"tap"`
 }
 
 // Log configures the process log.
@@ -349,7 +352,7 @@ func Default() Config {
 			LockTimeout:              2 * time.Second,
 			IdleInTransactionTimeout: 10 * time.Second,
 		},
-		HTTP: HTTP{Listen: ":9090"},
+		HTTP: HTTP{Listen: ":9090", Tap: DefaultTap()},
 		Log:  Log{Level: "info", Format: "json"},
 		Pipeline: Pipeline{
 			BatchSize:   1000,

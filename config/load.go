@@ -33,8 +33,8 @@ const envIgnorePrefix = "DAM_TEST_"
 // The file must not contain unknown keys. An environment variable names a
 // scalar key by upper-casing its path and replacing dots with underscores
 // (postgres.statement_timeout: DAM_POSTGRES_STATEMENT_TIMEOUT); lists take
-// comma-separated values (DAM_KAFKA_BROKERS=a:9092,b:9092); routes and
-// serve.tokens cannot be set from the environment. Variables starting with
+// comma-separated values (DAM_KAFKA_BROKERS=a:9092,b:9092); routes,
+// serve.tokens and http.tap.tokens cannot be set from the environment. Variables starting with
 // DAM_TEST_ are ignored; any other unknown DAM_ variable is an error.
 //
 // The error, if any, joins every problem found: *FileError for an unreadable
@@ -187,6 +187,9 @@ func readEnv(environ []string) (map[string]any, []error) {
 			if strings.HasPrefix(name, EnvPrefix+"SERVE_TOKENS") {
 				err = fmt.Errorf("%w: serve.tokens cannot be set from the environment (%sSERVE_TOKEN gives one token for every service)", ErrUnknownEnv, EnvPrefix)
 			}
+			if strings.HasPrefix(name, EnvPrefix+"HTTP_TAP_TOKENS") {
+				err = fmt.Errorf("%w: http.tap.tokens cannot be set from the environment (%sHTTP_TAP_TOKEN gives one token for every service)", ErrUnknownEnv, EnvPrefix)
+			}
 			errs = append(errs, &Error{Key: name, Err: err})
 			continue
 		}
@@ -304,12 +307,12 @@ func readSecretFile(path string) (string, error) {
 }
 
 // secretKeys are never quoted in error messages.
-var secretKeys = map[string]bool{"postgres.dsn": true, "kafka.sasl.password": true, "serve.token": true}
+var secretKeys = map[string]bool{"postgres.dsn": true, "kafka.sasl.password": true, "serve.token": true, "http.tap.token": true}
 
 // isSecret reports a key whose value is never quoted: one of secretKeys or
-// a serve token (serve.tokens[i].token).
+// a serve or tap token (serve.tokens[i].token, http.tap.tokens[i].token).
 func isSecret(key string) bool {
-	return secretKeys[key] || (strings.HasPrefix(key, "serve.tokens[") && strings.HasSuffix(key, "].token"))
+	return secretKeys[key] || ((strings.HasPrefix(key, "serve.tokens[") || strings.HasPrefix(key, "http.tap.tokens[")) && strings.HasSuffix(key, "].token"))
 }
 
 // decoder decodes a koanf map onto a struct strictly: unknown keys and

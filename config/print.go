@@ -16,8 +16,9 @@ import (
 const Mask = "xxxxx"
 
 // Redacted returns a copy of c safe to print: the passwords in
-// postgres.dsn (see RedactDSN), kafka.sasl.password, serve.token and
-// serve.tokens[].token are replaced by "xxxxx".
+// postgres.dsn (see RedactDSN), kafka.sasl.password, serve.token,
+// serve.tokens[].token, http.tap.token and http.tap.tokens[].token are
+// replaced by "xxxxx".
 func (c Config) Redacted() Config {
 	c.Postgres.DSN = RedactDSN(c.Postgres.DSN)
 	if c.Kafka.SASL.Password != "" {
@@ -32,6 +33,16 @@ func (c Config) Redacted() Config {
 			c.Serve.Tokens[i].Token = Mask
 		}
 		c.Serve.Tokens[i].Services = slicesClone(c.Serve.Tokens[i].Services)
+	}
+	if c.HTTP.Tap.Token != "" {
+		c.HTTP.Tap.Token = Mask
+	}
+	c.HTTP.Tap.Tokens = slicesClone(c.HTTP.Tap.Tokens)
+	for i := range c.HTTP.Tap.Tokens {
+		if c.HTTP.Tap.Tokens[i].Token != "" {
+			c.HTTP.Tap.Tokens[i].Token = Mask
+		}
+		c.HTTP.Tap.Tokens[i].Services = slicesClone(c.HTTP.Tap.Tokens[i].Services)
 	}
 	c.Kafka.Brokers = slicesClone(c.Kafka.Brokers)
 	c.Routes = slicesClone(c.Routes)

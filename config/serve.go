@@ -165,30 +165,7 @@ func (c *Config) validateServe(v *validator) {
 			v.addf("serve.listen", "invalid address %q: want host:port or :port", s.Listen)
 		}
 	}
-	if s.Token != "" {
-		if err := checkToken(s.Token); err != nil {
-			v.addf("serve.token", "%v", err)
-		}
-	}
-	for i, t := range s.Tokens {
-		key := func(name string) string { return fmt.Sprintf("serve.tokens[%d].%s", i, name) }
-		switch {
-		case t.Token == "" && t.TokenFile == "":
-			v.addf(fmt.Sprintf("serve.tokens[%d]", i), "set token or token_file")
-		case t.Token != "" && t.TokenFile != "":
-			v.addf(key("token_file"), "set with token: give one of them")
-		case t.Token != "":
-			if err := checkToken(t.Token); err != nil {
-				v.addf(key("token"), "%v", err)
-			}
-		}
-		v.required(key("services"), len(t.Services) == 0)
-		for j, svc := range t.Services {
-			if svc == "" {
-				v.addf(fmt.Sprintf("serve.tokens[%d].services[%d]", i, j), "empty service name")
-			}
-		}
-	}
+	v.tokens("serve", s.Token, s.Tokens)
 	for i, svc := range s.Services {
 		if svc == "" || svc == AnyService {
 			v.addf(fmt.Sprintf("serve.services[%d]", i), "want a service name, got %q", svc)
@@ -217,6 +194,36 @@ func (c *Config) validateServe(v *validator) {
 	}
 	v.positive("serve.request_timeout", s.RequestTimeout)
 	v.positive("serve.shutdown_grace", s.ShutdownGrace)
+}
+
+// tokens checks a section's token (every service) and tokens (each
+// allowed a list of services), under prefix (serve, http.tap). Tokens are
+// never quoted.
+func (v *validator) tokens(prefix, token string, tokens []ServeToken) {
+	if token != "" {
+		if err := checkToken(token); err != nil {
+			v.addf(prefix+".token", "%v", err)
+		}
+	}
+	for i, t := range tokens {
+		key := func(name string) string { return fmt.Sprintf("%s.tokens[%d].%s", prefix, i, name) }
+		switch {
+		case t.Token == "" && t.TokenFile == "":
+			v.addf(fmt.Sprintf("%s.tokens[%d]", prefix, i), "set token or token_file")
+		case t.Token != "" && t.TokenFile != "":
+			v.addf(key("token_file"), "set with token: give one of them")
+		case t.Token != "":
+			if err := checkToken(t.Token); err != nil {
+				v.addf(key("token"), "%v", err)
+			}
+		}
+		v.required(key("services"), len(t.Services) == 0)
+		for j, svc := range t.Services {
+			if svc == "" {
+				v.addf(fmt.Sprintf("%s.tokens[%d].services[%d]", prefix, i, j), "empty service name")
+			}
+		}
+	}
 }
 
 // validateForServe adds what only `dam serve` requires: an address and a
@@ -256,12 +263,18 @@ func servesWithout(e *Error) bool {
 // Token (every service) and each entry of Tokens, reading token files. An
 // error names the key of the file that cannot be used.
 func (s Serve) ResolveTokens() ([]ResolvedToken, error) {
+	return resolveTokens("serve", s.Token, s.Tokens)
+}
+
+// resolveTokens is ResolveTokens of a section's token and tokens, whose
+// keys start with prefix.
+func resolveTokens(prefix, token string, tokens []ServeToken) ([]ResolvedToken, error) {
 	var out []ResolvedToken
-	if s.Token != "" {
-		out = append(out, ResolvedToken{Token: s.Token, Services: []string{AnyService}, Key: "serve.token"})
+	if token != "" {
+		out = append(out, ResolvedToken{Token: token, Services: []string{AnyService}, Key: prefix + ".token"})
 	}
-	for i, t := range s.Tokens {
-		key := fmt.Sprintf("serve.tokens[%d]", i)
+	for i, t := range tokens {
+		key := fmt.Sprintf("%s.tokens[%d]", prefix, i)
 		tok := t.Token
 		if t.TokenFile != "" {
 			key += ".token_file"

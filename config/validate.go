@@ -210,6 +210,7 @@ func (c *Config) validate() []*Error {
 
 	c.validateRoutes(v)
 	c.validateServe(v)
+	c.validateTap(v)
 	return v.errs
 }
 

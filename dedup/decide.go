@@ -140,6 +140,13 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	table := newTableTxn(b.Rule)
 	ids := newIdentities(b.Rule, entities, index)
 	ids.claim, ids.lock = claim, lock
+	wantSources := len(b.Sources) == len(b.Records) && len(b.Records) > 0
+	if wantSources {
+		ids.sources, ids.part = make([]Source, len(entities)), p
+		for i := range ids.sources {
+			ids.sources[i].Offset = -1
+		}
+	}
 
 	// Round trip 1: begin, lock progress, read the identities that exist
 	// (locked after a lost race, or claimed on Citus), read the clock.
@@ -193,7 +200,12 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 		r := &b.Records[k]
 		d, e := Invalid, r.Entity
 		if !r.Invalid {
+			if wantSources {
+				b.Sources[k] = ids.sources[slots[k]]
+			}
 			d, e = ids.decide(int(slots[k]), r, now), entities[slots[k]] // the same bytes, packed
+		} else if wantSources {
+			b.Sources[k] = Source{Offset: -1}
 		}
 		out = append(out, d)
 		logged := d

@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -98,6 +99,13 @@ type identities struct {
 	// touched: a record changed the state without forwarding it (a sliding
 	// window's expiry), and none of the batch forwarded it.
 	touched []bool
+	// sources, when the batch asks for them (Batch.Sources), is where each
+	// identity's state came from: as read, then the batch's record that
+	// last forwarded it (topic and partition the batch's). src is the
+	// read's scratch.
+	sources []Source
+	part    Partition
+	src     Source
 }
 
 func newIdentities(rule Rule, entities [][]byte, index entityIndex) *identities {
@@ -111,6 +119,9 @@ func newIdentities(rule Rule, entities [][]byte, index entityIndex) *identities 
 func (ids *identities) read(e []byte, st Stored, v rowVersion) {
 	if i, ok := ids.index.find(e); ok {
 		ids.found[i], ids.state[i] = true, st
+		if ids.sources != nil && st.Found {
+			ids.sources[i] = ids.src
+		}
 		if !ids.claim {
 			if ids.tids == nil {
 				ids.tids, ids.xmins = make([]pgtype.TID, len(ids.entities)), make([]uint32, len(ids.entities))
@@ -135,6 +146,29 @@ func (v *rowVersion) dest(ids *identities, dest []any) []any {
 	return append(dest, &v.tid, &v.xmin)
 }
 
+// sqlSourceColumns are the columns a read adds, last, when the batch asks
+// for its sources (Batch.Sources).
+const sqlSourceColumns = `, coalesce(src_topic, ''), coalesce(src_partition, -1), coalesce(src_offset, -1) FROM `
+
+// sourceSQL returns a read's statement with the source columns added
+// when the batch asks for them; every read's select list ends at its first
+// " FROM ".
+func (ids *identities) sourceSQL(sql string) string {
+	if ids.sources == nil {
+		return sql
+	}
+	return strings.Replace(sql, " FROM ", sqlSourceColumns, 1)
+}
+
+// sourceDest adds the source columns' destinations to a read's, when the
+// batch asks for them.
+func (ids *identities) sourceDest(dest []any) []any {
+	if ids.sources == nil {
+		return dest
+	}
+	return append(dest, &ids.src.Topic, &ids.src.Partition, &ids.src.Offset)
+}
+
 // decide decides r, a valid record whose identity is entities[i], at now
 // under the batch's rule, and keeps its identity's new state.
 func (ids *identities) decide(i int, r *Record, now time.Time) Decision {
@@ -144,6 +178,9 @@ func (ids *identities) decide(i int, r *Record, now time.Time) Decision {
 	switch {
 	case o.Decision.Forwards():
 		ids.changed[i], ids.offsets[i], ids.touched[i] = true, r.Offset, false
+		if ids.sources != nil {
+			ids.sources[i] = Source{Topic: ids.part.Topic, Partition: ids.part.Partition, Offset: r.Offset}
+		}
 	case !ids.changed[i] && !o.State.Equal(prev):
 		ids.touched[i] = true
 	}
@@ -288,7 +325,7 @@ func (t lastSeenTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) 
 	default:
 		sql = pick(t.refresh, sqlReadStateRowsRefresh, sqlReadStateRows)
 	}
-	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
+	rt1.Queue(ids.sourceSQL(sql), service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
 		// The row's bytes, not copies: read only until the next row.
 		var e, d pgtype.DriverBytes
 		var at time.Time
@@ -297,6 +334,7 @@ func (t lastSeenTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) 
 		if t.refresh {
 			dest = append(dest, &at)
 		}
+		dest = ids.sourceDest(dest)
 		_, err := pgx.ForEachRow(rs, dest, func() error {
 			// A row whose digest is NULL holds no state, but exists.
 			ids.read(e, Stored{Found: d != nil, Digest: storedDigest(d), Forwarded: at}, v)
@@ -363,11 +401,11 @@ func (t windowTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 		rt1.Queue(sqlClaimWindow, service, byteaArray(ids.entities))
 		sql = sqlReadWindow
 	}
-	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
+	rt1.Queue(ids.sourceSQL(sql), service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
 		var id pgtype.DriverBytes // the row's bytes, until the next row
 		var exp time.Time
 		var v rowVersion
-		_, err := pgx.ForEachRow(rs, v.dest(ids, []any{&id, &exp}), func() error {
+		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.dest(ids, []any{&id, &exp})), func() error {
 			ids.read(id, Stored{Found: true, Expires: exp}, v)
 			return nil
 		})
@@ -447,11 +485,11 @@ func (versionTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 		rt1.Queue(sqlClaimVersion, service, byteaArray(ids.entities))
 		sql = sqlReadVersion
 	}
-	rt1.Queue(sql, service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
+	rt1.Queue(ids.sourceSQL(sql), service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
 		var e pgtype.DriverBytes // the row's bytes, until the next row
 		var n int64
 		var v rowVersion
-		_, err := pgx.ForEachRow(rs, v.dest(ids, []any{&e, &n}), func() error {
+		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.dest(ids, []any{&e, &n})), func() error {
 			ids.read(e, Stored{Found: true, Version: n}, v)
 			return nil
 		})

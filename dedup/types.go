@@ -183,6 +183,24 @@ type Batch struct {
 	// that finds none in Kafka. Zero or negative: unknown, the recorded one
 	// stays.
 	Delivered int64
+	// Sources, when the caller gives it one entry per record, asks Decide
+	// where the state each record was decided against came from: Decide
+	// sets entry k to the input record that last set record k's
+	// identity's state before record k (for a Duplicate or Stale, the
+	// record whose content, id or version it repeats; for a Forward, the
+	// one it replaces), or to Offset -1 when there was no state or none is
+	// known (a state set by Check). Reading it
+	// costs three more columns per identity read: nil (the default) reads
+	// none. After a failed Decide the entries are undefined.
+	Sources []Source
+}
+
+// Source is an input record that set an identity's state: its topic,
+// partition and offset. Offset -1: none or unknown.
+type Source struct {
+	Topic     string
+	Partition int32
+	Offset    int64
 }
 
 // LoggedDecision is one entry of the decision log: a record that was

@@ -151,6 +151,9 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 	if len(recs) == 0 {
 		return halt
 	}
+	if !catchUp && w.d.tap.active() {
+		b.Sources = make([]dedup.Source, len(b.Records)) // for the tap: what each drop duplicates
+	}
 
 	decisions, undecided, err := w.decide(b)
 	if err != nil && (dedup.RecordError(err) || workerFailed(err)) {
@@ -165,6 +168,7 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 			how = apartCatchUp
 		}
 		decisions, n, stop, err = w.decideApart(b, &causes, how, err)
+		b.Sources = nil // decided apart: not known
 		if err == nil && n < len(recs) {
 			if n == 0 {
 				return stop
@@ -216,6 +220,9 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 		default:
 			j.counts[outcomeOf(decisions[i])]++
 		}
+	}
+	if w.d.tap.active() {
+		w.tap(recs, b, decisions, undecided, causes)
 	}
 	return w.emit(j)
 }

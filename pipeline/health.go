@@ -1,9 +1,12 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -146,6 +149,52 @@ func (p *Pipeline) Ready() error {
 		}
 	}
 	return nil
+}
+
+// PartitionStatus is the state of one partition this instance owns.
+type PartitionStatus struct {
+	Service   string `json:"service"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	// State is "running", "paused" (an outage being retried) or "halted"
+	// (a halt or a fence: only a revocation lifts it).
+	State string `json:"state"`
+	// Kind says what stops it in fixed words, as /readyz does ("halted",
+	// "halted: input data loss", "paused: retrying"); "" while running.
+	Kind string `json:"kind,omitempty"`
+	// Reason is the error that stops it, in full: it may name the
+	// record, hosts and users.
+	Reason string `json:"reason,omitempty"`
+	// Lag is the partition's end minus its committed offset; nil until
+	// the end is known.
+	Lag *int64 `json:"lag,omitempty"`
+}
+
+// Status returns the state of each partition this instance owns, by
+// topic and partition.
+func (p *Pipeline) Status() []PartitionStatus {
+	p.mu.Lock()
+	var out []PartitionStatus
+	for t, parts := range p.workers {
+		for part, w := range parts {
+			st := PartitionStatus{Service: w.rt.service, Topic: t, Partition: part, State: "running"}
+			if err := w.health.status(); err != nil {
+				st.State, st.Kind, st.Reason = "paused", w.health.kind(), err.Error()
+				if w.health.isParked() {
+					st.State = "halted"
+				}
+			}
+			if lag, ok := w.lag(); ok {
+				st.Lag = &lag
+			}
+			out = append(out, st)
+		}
+	}
+	p.mu.Unlock()
+	slices.SortFunc(out, func(a, b PartitionStatus) int {
+		return cmp.Or(strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out
 }
 
 // NotReadyError is Ready's error. Err, whose text it has, says why in full:

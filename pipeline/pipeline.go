@@ -16,8 +16,10 @@
 //   - queue.go: per-partition queues and the shared polling budget
 //     (backpressure);
 //   - health.go: readiness, dam_halted, broker and PostgreSQL probes;
+//     each partition's state (Status);
 //   - preflight.go: the cluster checked against the configuration (dam
 //     check, and Run at start): brokers, every route's topics, limits;
+//   - tap.go: the live stream of decisions (Tap, dam tap);
 //   - worker.go: a partition's two goroutines and their lifecycle;
 //   - errors.go: the sentinel errors.
 //
@@ -137,6 +139,7 @@ type Pipeline struct {
 
 	probes probes
 	hook   StepHook
+	tap    *Tap // the live decision stream; nil unless http.tap.enabled
 	// fetchWarned is when each fetch error was last logged (poll loop only).
 	fetchWarned map[string]time.Time
 }
@@ -172,6 +175,9 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		p.routes[rt.from] = rt
 	}
 	p.metrics = newMetrics(p.reg)
+	if cfg.HTTP.Tap.Enabled {
+		p.tap = newTap(cfg.HTTP.Tap.MaxReaders)
+	}
 	for _, rt := range p.routes {
 		// Counters that alerts watch exist at 0 from the start, so that
 		// increase() sees a process's first dead letters and errors.
@@ -192,6 +198,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		budget:  newBudget(cfg.Pipeline.MaxInFlight, cfg.Pipeline.MaxInFlightBytes),
 		limits:  p.limits,
 		hook:    p.hook,
+		tap:     p.tap,
 		// Exactly-once: the round loop (transact.go) delivers.
 		transactional: cfg.Kafka.Delivery == config.DeliveryExactlyOnce,
 		set: settings{

@@ -49,6 +49,7 @@ type deps struct {
 	limits  *batchLimits
 	set     settings
 	hook    StepHook
+	tap     *Tap // nil unless http.tap.enabled
 	// transactional: exactly-once mode; the round loop (transact.go)
 	// delivers, and the worker has no goroutines of its own.
 	transactional bool

@@ -2,9 +2,8 @@
 // reach an adapter, and the operator's tool around it.
 //
 // Subcommands: run, check, serve, migrate, demo, playground, hash, explain,
-// analyze, state, config,
-// version. Exit status is 0 on success, 1 on a runtime failure and 2 on a
-// usage or configuration error.
+// analyze, tap, top, state, config, version. Exit status is 0 on success, 1
+// on a runtime failure and 2 on a usage or configuration error.
 package main
 
 import (
@@ -47,6 +46,8 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newHashCmd(),
 		newExplainCmd(),
 		newAnalyzeCmd(),
+		newTapCmd(),
+		newTopCmd(),
 		newMigrateCmd(),
 		newStateCmd(),
 		newConfigCmd(),

@@ -129,6 +129,10 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 	if err != nil {
 		return usageError{err}
 	}
+	obs, err := newSidecarViews(cfg.HTTP.Tap, pl, log) // /v1/status, /v1/tap (tap.go)
+	if err != nil {
+		return usageError{err}
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
 	var srv *http.Server
@@ -139,7 +143,7 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 			return fmt.Errorf("http.listen: %w", err)
 		}
 		addr = ln.Addr().String()
-		srv = newHTTPServer(httpHandler(reg, pl, log), sidecarHTTP, log)
+		srv = newHTTPServer(obs.mount(httpHandler(reg, pl, log)), sidecarHTTP, log)
 		g.Go(func() error {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("http: %w", err)
@@ -154,6 +158,7 @@ func runSidecar(ctx context.Context, cfg config.Config, log *zap.Logger, reg *pr
 	g.Go(func() error {
 		err := pl.Run(pipeCtx)
 		// The pipeline is the process: once it has stopped, so does HTTP.
+		obs.close()
 		if srv != nil {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()

@@ -8,9 +8,10 @@
 //     mode's batched Decide next to last-seen's), medians;
 //   - end to end: the internal/e2ebench program (passthrough, naive, dam
 //     with entity: key, dam-pointer with entity: /id, dam-eos in
-//     exactly-once mode, dam-citus on a Citus cluster of two workers next
-//     to dam-single on one server set up as its nodes, skipped when Citus
-//     is not installed), which prints its ratios;
+//     exactly-once mode, dam-tap with one `dam tap` reader attached
+//     against dam with none, dam-citus on a Citus cluster of two workers
+//     next to dam-single on one server set up as its nodes, skipped when
+//     Citus is not installed), which prints its ratios;
 //   - dam serve: the internal/servebench program (open-loop load at rising
 //     request rates; the highest rate held with p99 under 250 ms).
 //

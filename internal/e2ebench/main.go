@@ -22,6 +22,11 @@
 //     with no PostgreSQL and no writes; dam-analyze-full: with the
 //     command's defaults (changed paths, and what-if runs that read the
 //     backlog again), shown beside it;
+//   - dam-tap: dam (entity: key) with http.tap enabled and one reader of
+//     GET /v1/tap attached (as `dam tap -o json` reads it, from as soon as
+//     the listener answers), its rate compared with dam's over all their
+//     runs: what watching the decisions live costs the hot path. It runs
+//     twice, in both orders around dam's runs, for the same reason;
 //   - dam-citus: dam on a Citus cluster of its own (a coordinator and
 //     -citus-workers workers on this machine), next to dam-single, dam on
 //     one throwaway server with the same settings as each Citus node; the
@@ -118,8 +123,8 @@ func main() {
 	flag.DurationVar(&o.steady, "steady", 5*time.Second, "duration of the steady phase")
 	flag.Float64Var(&o.dupRate, "dup-rate", 0.30, "share of records repeating their entity's content")
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $"+envDSN+", else "+defaultDSN+", else a throwaway local cluster)")
-	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-pointer,dam-pointer,dam,dam-base,dam-eos,dam-analyze,dam-analyze-full,dam-single,dam-citus",
-		"variants to run, in order (dam-base: dam built at -base; dam-pointer: dam with entity: /id; the dam variants run in both orders; dam-eos: dam with kafka.delivery: exactly-once; dam-analyze: dam analyze reading and deciding the backlog, dam-analyze-full: with its changed paths and what-if runs; dam-citus: dam on a Citus cluster, dam-single: on one server set up as its nodes)")
+	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-tap,dam-pointer,dam-pointer,dam-tap,dam,dam-base,dam-eos,dam-analyze,dam-analyze-full,dam-single,dam-citus",
+		"variants to run, in order (dam-base: dam built at -base; dam-pointer: dam with entity: /id; the dam variants run in both orders; dam-eos: dam with kafka.delivery: exactly-once; dam-tap: dam with one tap reader attached; dam-analyze: dam analyze reading and deciding the backlog, dam-analyze-full: with its changed paths and what-if runs; dam-citus: dam on a Citus cluster, dam-single: on one server set up as its nodes)")
 	flag.IntVar(&o.citusWorkers, "citus-workers", 2, "workers of dam-citus's Citus cluster")
 	flag.IntVar(&o.citusRecords, "citus-records", 0, "records in the backlog of dam-single and dam-citus (0: -records)")
 	flag.IntVar(&o.citusCachedConns, "citus-cached-conns", 0, "citus.max_cached_conns_per_worker of dam-citus's coordinator (0: Citus's default, 1)")
@@ -179,6 +184,8 @@ type result struct {
 	// nodes: on a dedicated target (dam-single, dam-citus), each node's
 	// CPU over the backlog phase; pgCPU is the sum of their backends'.
 	nodes []nodeCPU
+	// tap: dam-tap's reader, the decisions it read and those it lost.
+	tap tapStats
 }
 
 func (r result) rate() float64 { return float64(r.records) / r.elapsed.Seconds() }
@@ -687,7 +694,7 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 			delivery = "exactly-once"
 		}
 		cfgPath := filepath.Join(tmp, "dam.yaml")
-		if err := os.WriteFile(cfgPath, []byte(damConfig(o, broker, dsn, httpAddr, in, out, entity, delivery, variant == "dam-base")), 0o600); err != nil {
+		if err := os.WriteFile(cfgPath, []byte(damConfig(o, broker, dsn, httpAddr, in, out, entity, delivery, variant == "dam-base", variant == "dam-tap")), 0o600); err != nil {
 			return res, err
 		}
 		bin := o.damBin
@@ -729,6 +736,13 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 		lsn0, _ = walLSN(ctx, baseDSN)
 	}
 	go func() { exited <- cmd.Wait() }()
+	var tapDone chan tapStats
+	if variant == "dam-tap" {
+		tctx, stopTap := context.WithCancel(ctx)
+		defer stopTap()
+		tapDone = make(chan tapStats, 1)
+		go func() { tapDone <- readTap(tctx, httpAddr) }()
+	}
 	var exitErr error
 	exitedEarly := false
 	alive := func() error {
@@ -812,6 +826,15 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 		return res, err
 	}
 	stopProc()
+	if tapDone != nil {
+		// The sidecar ends the stream as it stops.
+		select {
+		case res.tap = <-tapDone:
+			logf("%s: the tap reader read %d decisions and lost %d", variant, res.tap.lines, res.tap.lost)
+		case <-time.After(10 * time.Second):
+			return res, fmt.Errorf("the tap reader did not end with the sidecar")
+		}
+	}
 	if !isDam(variant) {
 		var q quantiles
 		if err := json.Unmarshal([]byte(strings.TrimSpace(childOut.String())), &q); err == nil {
@@ -844,7 +867,7 @@ func knowsCompression(tmp, bin string) bool {
 
 // damConfig is the variant's configuration; the base revision's (old) gets
 // only the keys every version knows.
-func damConfig(o options, broker, dsn, httpAddr, in, out, entity, delivery string, base bool) string {
+func damConfig(o options, broker, dsn, httpAddr, in, out, entity, delivery string, base, tap bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kafka:\n  brokers: [%q]\n  group: %s\n  start: earliest\n  delivery: %s\n", broker, group, delivery)
 	if o.compression != "" && (!base || o.baseCompression) {
@@ -854,7 +877,11 @@ func damConfig(o options, broker, dsn, httpAddr, in, out, entity, delivery strin
 	if o.maxConns > 0 {
 		fmt.Fprintf(&b, "  max_conns: %d\n", o.maxConns)
 	}
-	fmt.Fprintf(&b, "http:\n  listen: %q\nlog:\n  level: warn\n", httpAddr)
+	fmt.Fprintf(&b, "http:\n  listen: %q\n", httpAddr)
+	if tap {
+		fmt.Fprintf(&b, "  tap:\n    enabled: true\n    token: %q\n", tapToken)
+	}
+	b.WriteString("log:\n  level: warn\n")
 	if o.batchSize > 0 || o.maxInFlight > 0 || (o.maxBatch > 0 && !base) {
 		b.WriteString("pipeline:\n")
 		if o.batchSize > 0 {
@@ -991,6 +1018,15 @@ func printTable(w io.Writer, o options, rs []result) {
 	}
 	if a, ok := byName[variantAnalyzeFull]; ok {
 		fmt.Fprintf(w, "  dam analyze with its changed paths and what-if runs (the defaults): %.2fx dam run\n", a.rate()/total["dam"].rate())
+	}
+	if t, ok := total["dam-tap"]; ok {
+		x := t.rate() / total["dam"].rate()
+		var read, lost int64
+		for _, r := range rs {
+			read, lost = read+r.tap.lines, lost+r.tap.lost
+		}
+		fmt.Fprintf(w, "  tap reader >= 0.95x none %5.2fx  %s  (dam-tap, one tap reader attached, vs dam, same data, over all their runs; it read %d decisions, lost %d)\n",
+			x, verdict(x >= 0.95), read, lost)
 	}
 	if p, ok := total["dam-pointer"]; ok {
 		d := total["dam"]
