@@ -1107,7 +1107,8 @@ var bombMemory = memorySettings{inFlightBytes: 16 << 20, batchBytes: 4 << 20, fe
 var bombParts = []int32{1, 4}
 
 // chaosBombs: decompression bombs mixed into the load on two partitions,
-// each a zstd batch of one record of 64 MiB (256 MiB full) of one byte,
+// 3 (12 full), each a zstd batch of one record of 64 MiB (256 MiB full) of
+// one byte,
 // a few KB on the wire, while dam runs under the memory limit that the
 // documentation derives from its settings: a cgroup (memory.max) where
 // the machine allows one, and GOMEMLIMIT at 90% of it as the chart sets
@@ -1131,8 +1132,8 @@ func chaosBombs(c *chaosRun) {
 	}
 	c.t.Logf("dam's memory bound: %d MiB for records and batches, a limit of %d MiB for the process (%s)", bombMemory.bound()>>20, limit>>20, bounded)
 
-	n, d := sized(12000, 60000), sized(24*time.Second, 120*time.Second)
-	bombs, size := sized(4, 12), sized(64<<20, 256<<20)
+	n, d := sized(8000, 60000), sized(12*time.Second, 120*time.Second)
+	bombs, size := sized(3, 12), sized(64<<20, 256<<20)
 	c.startLoad(n, d)
 	bm := newBomber(c.t, c.b.addr(), size)
 	at := map[recAt]bool{}
@@ -1246,7 +1247,7 @@ func chaosHaltBacklog(c *chaosRun) {
 	n := sized(16000, 80000)
 	deep, big := span{int64(n / 8), int64(n / 2)}, n/2-1
 	gen := bigHeaderAt(projectionsOn(2000, h, deep), big, 300_000)
-	c.load = startLoadTo(c.t, c.b.addr(), inTopic, n, sized(12*time.Second, 40*time.Second), gen)
+	c.load = startLoadTo(c.t, c.b.addr(), inTopic, n, sized(8*time.Second, 40*time.Second), gen)
 	for c.load.produced.Load() < int64(n/2) {
 		if c.load.finished() {
 			c.load.wait(0)
@@ -1291,8 +1292,10 @@ func chaosHaltBacklog(c *chaosRun) {
 			break
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("within 90 s of the start: dam_halted %v, /readyz %d %.300q, the halt (%q) logged: %v; want partition %d halted alone",
-				halted, code, body, why, s.currentLogContains(why), h)
+			decided, _ := s.metric("dam_records_total")
+			inFlight, _ := s.metric("dam_records_in_flight")
+			c.t.Fatalf("within 90 s of the start: dam_halted %v, /readyz %d %.300q, the halt (%q) logged: %v; want partition %d halted alone (dam_records_total %v, dam_records_in_flight %v, committed %v)",
+				halted, code, body, why, s.currentLogContains(why), h, decided, inFlight, c.committed())
 		}
 	}
 	// Every other partition delivers its backlog and the rest of the load.
@@ -1303,7 +1306,7 @@ func chaosHaltBacklog(c *chaosRun) {
 			others[p] = end
 		}
 	}
-	c.flowsPast(others, 2*time.Minute, s)
+	c.flowsPast(others, time.Minute, s)
 	comm := c.committed()[h]
 	switch {
 	case comm > at:
@@ -1331,11 +1334,14 @@ func chaosHaltBacklog(c *chaosRun) {
 	})
 }
 
-// bigHeaderAt gives gen's record seq a header "blob" of size bytes.
+// bigHeaderAt makes gen's record seq a change of its entity (a value of
+// its own, so that it is forwarded, never dropped as a repeat) with a
+// header "blob" of size bytes.
 func bigHeaderAt(gen generator, seq, size int) generator {
 	return func(rng *rand.Rand, i int) *kgo.Record {
 		r := gen(rng, i)
 		if i == seq {
+			r.Value = fmt.Appendf(nil, `{"e":%q,"big":%d}`, r.Key, seq)
 			r.Headers = append(r.Headers, kgo.RecordHeader{Key: "blob", Value: bytes.Repeat([]byte("h"), size)})
 		}
 		return r

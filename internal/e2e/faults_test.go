@@ -263,7 +263,7 @@ func (c *chaosRun) committed() map[int32]int64 {
 	// Require-stable: a transaction in flight makes the broker answer
 	// UNSTABLE_OFFSET_COMMIT, to be asked again.
 	resps, err := c.admin().FetchOffsetsForTopics(kadm.RequireStable(ctx), group, inTopic)
-	for err == nil && errors.Is(resps.Error(), kerr.UnstableOffsetCommit) && ctx.Err() == nil {
+	for (errors.Is(err, kerr.UnstableOffsetCommit) || err == nil && errors.Is(resps.Error(), kerr.UnstableOffsetCommit)) && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)
 		resps, err = c.admin().FetchOffsetsForTopics(kadm.RequireStable(ctx), group, inTopic)
 	}

@@ -448,6 +448,8 @@ func (s *sidecar) checkAlive() {
 	}
 }
 
+// dumpLogs logs the last 60 lines of each of the sidecar's logs, or all of
+// them with DAM_TEST_FULL_LOGS set.
 func (s *sidecar) dumpLogs() {
 	for _, p := range s.logs {
 		data, err := os.ReadFile(p)
@@ -455,7 +457,7 @@ func (s *sidecar) dumpLogs() {
 			continue
 		}
 		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		if len(lines) > 60 {
+		if len(lines) > 60 && os.Getenv("DAM_TEST_FULL_LOGS") == "" {
 			lines = lines[len(lines)-60:]
 		}
 		s.t.Logf("--- tail of %s ---\n%s", filepath.Base(p), strings.Join(lines, "\n"))
