@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -99,7 +101,13 @@ type chaosRun struct {
 	// finally are checks the scenario leaves for after the final check.
 	finally []func()
 
+	// pipeline is more of the sidecars' pipeline section (YAML lines).
+	pipeline string
+	// maxInFlight is the sidecars' pipeline.max_in_flight; 0: chaosInFlight.
+	maxInFlight int
+
 	mu       sync.Mutex
+	adm      *kadm.Client // admin's
 	faults   int
 	recovery time.Duration
 }
@@ -132,7 +140,7 @@ func (c *chaosRun) restartIfFenced(s *sidecar) bool {
 
 // sidecar makes a dam process of this run.
 func (c *chaosRun) sidecar(name string) *sidecar {
-	o := sidecarOpts{brokers: c.b.addr(), dsn: c.dsn, delivery: c.delivery, maxInFlight: chaosInFlight, routes: c.routes}
+	o := sidecarOpts{brokers: c.b.addr(), dsn: c.dsn, delivery: c.delivery, maxInFlight: cmp.Or(c.maxInFlight, chaosInFlight), routes: c.routes, pipeline: c.pipeline}
 	if c.forward {
 		o.routes = defaultRoutes + "    on_store_failure: forward\n"
 	}
@@ -218,12 +226,15 @@ type chaosRow struct {
 	faults             int
 	recovery           time.Duration
 	halts              bool // recovery is the time to report a halt
-	failed             bool
+	held               int  // input records waiting behind the halt
+	ran, failed        bool
 }
 
 func (r chaosRow) recovered() string {
 	d := r.recovery.Round(100 * time.Millisecond).String()
 	switch {
+	case r.halts && r.held > 0:
+		return fmt.Sprintf("halted after %s (%d records held)", d, r.held)
 	case r.halts:
 		return "halted after " + d
 	case r.recovery == 0:
@@ -267,6 +278,7 @@ func TestChaos(t *testing.T) {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			t.Run(strings.ReplaceAll(j.sc.name, " ", "_")+"/"+j.mode, func(t *testing.T) {
+				j.row.ran = true
 				runScenario(t, j.sc, j.mode, j.row)
 			})
 		}()
@@ -278,6 +290,9 @@ func TestChaos(t *testing.T) {
 	tw := tabwriter.NewWriter(&sb, 0, 0, 1, ' ', tabwriter.Debug)
 	fmt.Fprintln(tw, "scenario\tdelivery\trecords in\texpected forwards\tdelivered\tlost\tduplicated beyond bound\tfaults injected\tlongest recovery\t")
 	for _, r := range rows {
+		if !r.ran { // not selected (go test -run 'TestChaos/ROW/MODE')
+			continue
+		}
 		res := ""
 		if r.failed {
 			res = " FAILED"
@@ -333,6 +348,7 @@ func runScenario(t *testing.T, sc scenario, mode string, row *chaosRow) {
 		row.delivered += r.delivered
 		row.lost += r.lost + r.deadMissing
 		row.extra += r.extra + r.deadExtra
+		row.held += r.held
 		// Every record of a hostile load is a fault of its own.
 		row.faults += r.poison + r.forged
 		assertReport(t, r, ch.load, row.bound)
@@ -360,6 +376,8 @@ func chaosScenarios() []scenario {
 		{name: "offsets moved forward", modes: both, run: chaosOffsetsForward},
 		{name: "input recreated", modes: both, run: chaosRecreated},
 		{name: "poison records", modes: both, topics: windowTopics, run: chaosPoison},
+		{name: "decompression bombs", modes: both, run: chaosBombs},
+		{name: "halt in a backlog", modes: both, run: chaosHaltBacklog},
 	}
 	if pgtest.Citus() { // make test-citus: every row above runs on Citus too
 		rows = append(rows, scenario{name: "Citus worker restarts", modes: both, run: chaosCitusWorkers})
@@ -1078,4 +1096,254 @@ func keyPoison(i, seq int, good *kgo.Record) *kgo.Record {
 func idPoison(_, seq int, good *kgo.Record) *kgo.Record {
 	return &kgo.Record{Key: fmt.Appendf(nil, "long%d", seq), Value: good.Value,
 		Headers: []kgo.RecordHeader{{Key: "Idempotency-Key", Value: longID("m", seq)}}}
+}
+
+// bombMemory are the bombs row's memory settings: small, so that the
+// bound they imply (docs/delivery.md#memory) is tight: 48 MiB for records
+// and batches, 124 MiB for the process.
+var bombMemory = memorySettings{inFlightBytes: 16 << 20, batchBytes: 4 << 20, fetchBytes: 8 << 20}
+
+// bombParts are the partitions the bombs go to.
+var bombParts = []int32{1, 4}
+
+// chaosBombs: decompression bombs mixed into the load on two partitions,
+// 3 (12 full), each a zstd batch of one record of 64 MiB (256 MiB full) of
+// one byte,
+// a few KB on the wire, while dam runs under the memory limit that the
+// documentation derives from its settings: a cgroup (memory.max) where
+// the machine allows one, and GOMEMLIMIT at 90% of it as the chart sets
+// it. dam must never be killed or restarted, every partition must flow
+// on past each bomb (its own past the bomb, the others past what was
+// produced with it), every bomb offset must have a dead letter, and the
+// peak RSS must stay under the documented limit.
+func chaosBombs(c *chaosRun) {
+	limit := bombMemory.limit()
+	c.pipeline = bombMemory.yaml()
+	cg := memoryCgroup(c.t, limit)
+	s := c.sidecar("a")
+	s.cgroup = cg
+	s.env = []string{fmt.Sprintf("GOMEMLIMIT=%dKiB", limit*9/10>>10)}
+	c.alive = []*sidecar{s}
+	s.start()
+	s.waitReady(30 * time.Second)
+	bounded := "GOMEMLIMIT alone (no cgroup v2 memory controller here), peak RSS checked"
+	if cg != "" {
+		bounded = "cgroup " + cg + " and GOMEMLIMIT"
+	}
+	c.t.Logf("dam's memory bound: %d MiB for records and batches, a limit of %d MiB for the process (%s)", bombMemory.bound()>>20, limit>>20, bounded)
+
+	n, d := sized(8000, 60000), sized(12*time.Second, 120*time.Second)
+	bombs, size := sized(3, 12), sized(64<<20, 256<<20)
+	c.startLoad(n, d)
+	bm := newBomber(c.t, c.b.addr(), size)
+	at := map[recAt]bool{}
+	for i := range bombs {
+		time.Sleep(d / time.Duration(bombs+1))
+		s.checkAlive()
+		b := bm.drop(c.t, bombParts[i%len(bombParts)], i)
+		at[b] = true
+		c.t.Logf("bomb %d: a zstd batch inflating to %d MiB at partition %d offset %d (%d records produced so far)", i+1, size>>20, b.p, b.o, c.load.produced.Load())
+		c.flowsPast(c.endOffsets(), time.Minute, s)
+	}
+	rc := defaultCheck
+	rc.bombs = at
+	c.checks = []chaosCheck{{rc, c.load}}
+	c.finally = append(c.finally, func() {
+		s.checkAlive()
+		if s.starts != 1 {
+			c.t.Errorf("dam started %d times, want once", s.starts)
+		}
+		peak, err := s.peakRSS()
+		if err != nil {
+			c.t.Fatalf("peak RSS: %v", err)
+		}
+		c.t.Logf("peak RSS %d MiB, the documented limit %d MiB", peak>>20, limit>>20)
+		if peak >= limit {
+			c.t.Errorf("peak RSS %d MiB, at or above the limit of %d MiB that docs/delivery.md#memory derives from the settings (%d MiB for records and batches)", peak>>20, limit>>20, bombMemory.bound()>>20)
+		}
+		if cg != "" {
+			if n, err := cgroupStat(cg, "memory.events", "oom_kill"); err != nil || n != 0 {
+				c.t.Errorf("cgroup memory.events oom_kill %d (%v), want 0", n, err)
+			}
+			if p, err := cgroupStat(cg, "memory.peak", ""); err == nil {
+				c.t.Logf("cgroup memory.peak %d MiB", p>>20)
+			}
+		}
+	})
+}
+
+// flowsPast waits until every input partition is committed at or past
+// ends, within limit, the sidecars staying alive.
+func (c *chaosRun) flowsPast(ends map[int32]int64, limit time.Duration, alive ...*sidecar) {
+	c.t.Helper()
+	start := time.Now()
+	for deadline := start.Add(limit); ; time.Sleep(200 * time.Millisecond) {
+		for _, s := range alive {
+			s.checkAlive()
+		}
+		comm := c.committed()
+		var behind []string
+		for p, end := range ends {
+			if comm[p] < end {
+				behind = append(behind, fmt.Sprintf("%d: committed %d < %d", p, comm[p], end))
+			}
+		}
+		if len(behind) == 0 {
+			c.t.Logf("every partition committed past %v within %s", ends, time.Since(start).Round(time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("partitions not flowing: within %s, %s", limit, strings.Join(behind, ", "))
+		}
+	}
+}
+
+// haltRoutes is the default route without a dead-letter topic, its
+// payloads bounded well below what the output topic accepts (haltOutMax),
+// so that only a record's headers can make its forward too large.
+var haltRoutes = fmt.Sprintf(`
+  - service: e2e
+    from: %s
+    to: %s
+    max_size: 131072
+`, inTopic, outTopic)
+
+// haltOutMax is the output topic's max.message.bytes in the halt row.
+const haltOutMax = 262144
+
+// haltInFlight is the halt row's pipeline.max_in_flight (its least,
+// batch_size): a job may then hold more records than the whole budget
+// (up to max_batch), as with the defaults on an instance of one or two
+// partitions, so that a halt that kept its job's records would stop every
+// partition from polling.
+const haltInFlight = 500
+
+// chaosHaltBacklog: a backlog on every partition, produced while no dam
+// runs, deepest on one partition, where one record (a good value with a
+// header of 300 KB) makes a forward Kafka refuses for good; the route has
+// no dead-letter topic, so that partition halts there, as documented. The
+// load goes on after dam starts. The halt must stop that partition alone:
+// every other partition delivers its backlog and the rest of the load,
+// the halted partition is committed up to the record and never past it
+// (exactly-once: at most up to it, the round's records before it waiting
+// with it), and nothing at or after the point it waits at is delivered.
+func chaosHaltBacklog(c *chaosRun) {
+	c.routes = haltRoutes
+	c.maxInFlight = haltInFlight
+	c.halts = true
+	ctx, cancel := opCtx()
+	defer cancel()
+	resp, err := c.admin().AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: kadm.StringPtr(fmt.Sprint(haltOutMax))}}, outTopic)
+	if err == nil {
+		_, err = resp.On(outTopic, nil)
+	}
+	if err != nil {
+		c.t.Fatalf("setting %s's max.message.bytes: %v", outTopic, err)
+	}
+	// The backlog: n/2 records, of which those from n/8 go to partition h
+	// alone, the last of them with the large header; then n/2 more, over
+	// every partition, while dam runs.
+	const h = 2
+	n := sized(16000, 80000)
+	deep, big := span{int64(n / 8), int64(n / 2)}, n/2-1
+	gen := bigHeaderAt(projectionsOn(2000, h, deep), big, 300_000)
+	c.load = startLoadTo(c.t, c.b.addr(), inTopic, n, sized(8*time.Second, 40*time.Second), gen)
+	for c.load.produced.Load() < int64(n/2) {
+		if c.load.finished() {
+			c.load.wait(0)
+			c.t.Fatal("the load ended before its backlog was produced")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	in, err := testkafka.ReadAll(c.b.addr(), inTopic)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	at := int64(-1)
+	for _, r := range in {
+		for _, hd := range r.Headers {
+			if hd.Key == "blob" && r.Partition == h {
+				at = r.Offset
+			}
+		}
+	}
+	if at < 0 {
+		c.t.Fatalf("no record with the large header in partition %d of the input", h)
+	}
+	backlog := c.endOffsets()
+	floors := c.watchCommits()
+	floors.cap(h, at)
+
+	s := c.sidecar("a")
+	c.alive = []*sidecar{s}
+	s.start()
+	started := time.Now()
+	c.inert++ // nothing to deliver again
+	c.fault(fmt.Sprintf("a record whose forward Kafka refuses for good (a header of 300 KB; %s accepts %d bytes) at partition %d offset %d, in a backlog of %v (partition: end offset)", outTopic, haltOutMax, h, at, backlog))
+	// The partition halts at the record, saying which.
+	why := fmt.Sprintf("%s/%d offset %d: Kafka refuses the record for good and route e2e has no dead_letter topic", inTopic, h, at)
+	for deadline := started.Add(90 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		s.checkAlive()
+		halted, _ := s.halted()
+		code, body := s.readyBody()
+		if halted == 1 && code == http.StatusServiceUnavailable && s.currentLogContains(why) {
+			c.recovery = time.Since(started)
+			c.t.Logf("partition %d halted %s after the start: /readyz %d %.300q", h, c.recovery.Round(time.Millisecond), code, body)
+			break
+		}
+		if time.Now().After(deadline) {
+			decided, _ := s.metric("dam_records_total")
+			inFlight, _ := s.metric("dam_records_in_flight")
+			c.t.Fatalf("within 90 s of the start: dam_halted %v, /readyz %d %.300q, the halt (%q) logged: %v; want partition %d halted alone (dam_records_total %v, dam_records_in_flight %v, committed %v)",
+				halted, code, body, why, s.currentLogContains(why), h, decided, inFlight, c.committed())
+		}
+	}
+	// Every other partition delivers its backlog and the rest of the load.
+	c.load.wait(2 * time.Minute)
+	others := map[int32]int64{}
+	for p, end := range c.endOffsets() {
+		if p != h {
+			others[p] = end
+		}
+	}
+	c.flowsPast(others, time.Minute, s)
+	comm := c.committed()[h]
+	switch {
+	case comm > at:
+		c.t.Errorf("the halted partition %d is committed at %d, past the record at %d it halts at", h, comm, at)
+	case c.delivery == alo && comm != at:
+		c.t.Errorf("the halted partition %d is committed at %d, want up to the record it halts at (%d)", h, comm, at)
+	}
+	c.t.Logf("partition %d halted at offset %d, committed at %d", h, at, comm)
+	rc := defaultCheck
+	rc.held = map[int32]int64{h: comm}
+	c.checks = []chaosCheck{{rc, c.load}}
+	c.finally = append(c.finally, func() {
+		s.checkAlive()
+		if halted, err := s.halted(); err != nil || halted != 1 {
+			c.t.Errorf("after the check: dam_halted %v (%v), want 1", halted, err)
+		}
+		if got := c.committed()[h]; got != comm {
+			c.t.Errorf("after the check: partition %d committed at %d, was %d", h, got, comm)
+		}
+		checked, wrong := floors.result()
+		c.t.Logf("%d offset commits of the halted partition seen by the broker", checked)
+		for _, w := range wrong {
+			c.t.Errorf("dam committed past the halt: %s", w)
+		}
+	})
+}
+
+// bigHeaderAt makes gen's record seq a change of its entity (a value of
+// its own, so that it is forwarded, never dropped as a repeat) with a
+// header "blob" of size bytes.
+func bigHeaderAt(gen generator, seq, size int) generator {
+	return func(rng *rand.Rand, i int) *kgo.Record {
+		r := gen(rng, i)
+		if i == seq {
+			r.Value = fmt.Appendf(nil, `{"e":%q,"big":%d}`, r.Key, seq)
+			r.Headers = append(r.Headers, kgo.RecordHeader{Key: "blob", Value: bytes.Repeat([]byte("h"), size)})
+		}
+		return r
+	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -232,15 +233,22 @@ func watchHalted(s *sidecar, stop <-chan struct{}) <-chan [2]bool {
 
 const group = "dam-e2e" // the sidecars' kafka.group
 
-// admin returns an admin client of the run's broker, closed at cleanup.
+// admin returns an admin client of the run's broker, closed at cleanup
+// (one per run, so that a loop polling the offsets opens no more).
 func (c *chaosRun) admin() *kadm.Client {
 	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.adm != nil {
+		return c.adm
+	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.b.addr()))
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	c.t.Cleanup(cl.Close)
-	return kadm.NewClient(cl)
+	c.adm = kadm.NewClient(cl)
+	return c.adm
 }
 
 func opCtx() (context.Context, context.CancelFunc) {
@@ -252,7 +260,13 @@ func (c *chaosRun) committed() map[int32]int64 {
 	c.t.Helper()
 	ctx, cancel := opCtx()
 	defer cancel()
+	// Require-stable: a transaction in flight makes the broker answer
+	// UNSTABLE_OFFSET_COMMIT, to be asked again.
 	resps, err := c.admin().FetchOffsetsForTopics(kadm.RequireStable(ctx), group, inTopic)
+	for (errors.Is(err, kerr.UnstableOffsetCommit) || err == nil && errors.Is(resps.Error(), kerr.UnstableOffsetCommit)) && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+		resps, err = c.admin().FetchOffsetsForTopics(kadm.RequireStable(ctx), group, inTopic)
+	}
 	if err == nil {
 		err = resps.Error()
 	}
@@ -391,13 +405,16 @@ func (c *chaosRun) recreateInput() {
 // group's input partitions (OffsetCommit, TxnOffsetCommit, whether or not
 // its transaction commits) and records those below the partition's floor:
 // the offset an operator moved it forward to, below which dam must never
-// commit (docs/delivery.md: a catch-up commits nothing below C).
+// commit (docs/delivery.md: a catch-up commits nothing below C); and
+// those above its ceiling: the offset of a record the partition halts at,
+// past which dam must never commit.
 type commitFloors struct {
 	topicID [16]byte
 	mu      sync.Mutex
 	floor   map[int32]int64
-	checked int      // commits of a partition with a floor
-	below   []string // the commits below it
+	ceil    map[int32]int64
+	checked int      // commits of a partition with a floor or a ceiling
+	below   []string // the commits below a floor or above a ceiling
 }
 
 func (c *chaosRun) watchCommits() *commitFloors {
@@ -408,20 +425,25 @@ func (c *chaosRun) watchCommits() *commitFloors {
 	if err != nil || !td.Has(inTopic) {
 		c.t.Fatalf("listing %s: %v", inTopic, err)
 	}
-	f := &commitFloors{topicID: td[inTopic].ID, floor: map[int32]int64{}}
+	f := &commitFloors{topicID: td[inTopic].ID, floor: map[int32]int64{}, ceil: map[int32]int64{}}
 	see := func(kind string, topic string, id [16]byte, part int32, offset int64) {
 		if topic != inTopic && id != f.topicID {
 			return
 		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		fl, ok := f.floor[part]
-		if !ok {
+		fl, floor := f.floor[part]
+		cl, ceil := f.ceil[part]
+		if !floor && !ceil {
 			return
 		}
 		f.checked++
-		if offset < fl && len(f.below) < 20 {
+		switch {
+		case len(f.below) >= 20:
+		case floor && offset < fl:
 			f.below = append(f.below, fmt.Sprintf("%s of partition %d at %d, below the offset %d it was moved to", kind, part, offset, fl))
+		case ceil && offset > cl:
+			f.below = append(f.below, fmt.Sprintf("%s of partition %d at %d, past the record at %d it halts at", kind, part, offset, cl))
 		}
 	}
 	observe := func(req kmsg.Request) (kmsg.Response, error, bool) {
@@ -458,6 +480,13 @@ func (f *commitFloors) raise(to map[int32]int64) {
 	for p, o := range to {
 		f.floor[p] = max(f.floor[p], o)
 	}
+}
+
+// cap sets the ceiling of a partition.
+func (f *commitFloors) cap(part int32, offset int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ceil[part] = offset
 }
 
 func (f *commitFloors) result() (checked int, below []string) {

@@ -242,6 +242,9 @@ type sidecar struct {
 	maxInFlight int
 	// env is added to the environment of the next start (DAM_TEST_PAUSE_AT).
 	env []string
+	// cgroup, when set, is the directory of a cgroup v2 that the process
+	// starts in (memoryCgroup).
+	cgroup string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -262,6 +265,9 @@ type sidecarOpts struct {
 	delivery string
 	// maxInFlight is pipeline.max_in_flight; 0 is 5000.
 	maxInFlight int
+	// pipeline is more of the configuration's pipeline section (YAML
+	// lines, each indented by two spaces).
+	pipeline string
 }
 
 var defaultRoutes = fmt.Sprintf(`
@@ -317,7 +323,7 @@ pipeline:
   shutdown_grace: %s
   retry_min: 50ms
   retry_max: 1s
-routes:%s`, o.brokers, name, o.delivery, o.dsn, s.httpAddr, o.maxInFlight, o.grace, o.routes)
+%sroutes:%s`, o.brokers, name, o.delivery, o.dsn, s.httpAddr, o.maxInFlight, o.grace, o.pipeline, o.routes)
 	if err := os.WriteFile(s.cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -352,6 +358,15 @@ func (s *sidecar) start() {
 	cmd.Stdout, cmd.Stderr = f, f
 	if len(s.env) > 0 {
 		cmd.Env = append(os.Environ(), s.env...)
+	}
+	if s.cgroup != "" {
+		cg, err := os.Open(s.cgroup)
+		if err != nil {
+			f.Close()
+			s.t.Fatalf("%s: %v", s.name, err)
+		}
+		defer cg.Close() // the child is in it once started
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
@@ -433,6 +448,8 @@ func (s *sidecar) checkAlive() {
 	}
 }
 
+// dumpLogs logs the last 60 lines of each of the sidecar's logs, or all of
+// them with DAM_TEST_FULL_LOGS set.
 func (s *sidecar) dumpLogs() {
 	for _, p := range s.logs {
 		data, err := os.ReadFile(p)
@@ -440,7 +457,7 @@ func (s *sidecar) dumpLogs() {
 			continue
 		}
 		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		if len(lines) > 60 {
+		if len(lines) > 60 && os.Getenv("DAM_TEST_FULL_LOGS") == "" {
 			lines = lines[len(lines)-60:]
 		}
 		s.t.Logf("--- tail of %s ---\n%s", filepath.Base(p), strings.Join(lines, "\n"))
@@ -595,11 +612,35 @@ func projections(entities int) generator { return projectionsOf(entities, "k") }
 
 // projectionsOf is projections with keys named prefix + entity number.
 func projectionsOf(entities int, prefix string) generator {
+	return projectionsPick(entities, prefix, func(rng *rand.Rand, _ int) int { return rng.IntN(entities) })
+}
+
+// projectionsOn is projections whose records seq in [only.from, only.to)
+// are all of entities on partition p (as the load's producer partitions
+// their keys), making p's backlog deeper than the others'.
+func projectionsOn(entities int, p int32, only span) generator {
+	part := kgo.StickyKeyPartitioner(nil).ForTopic(inTopic)
+	var on []int
+	for e := range entities {
+		if part.Partition(&kgo.Record{Key: fmt.Appendf(nil, "k%d", e)}, partitions) == int(p) {
+			on = append(on, e)
+		}
+	}
+	return projectionsPick(entities, "k", func(rng *rand.Rand, seq int) int {
+		if int64(seq) >= only.from && int64(seq) < only.to {
+			return on[rng.IntN(len(on))]
+		}
+		return rng.IntN(entities)
+	})
+}
+
+// projectionsPick is projectionsOf whose record seq is of entity pick's.
+func projectionsPick(entities int, prefix string, pick func(rng *rand.Rand, seq int) int) generator {
 	last := make([][]byte, entities)
 	version := make([]int, entities)
 	pad := strings.Repeat("x", 150)
 	return func(rng *rand.Rand, seq int) *kgo.Record {
-		e := rng.IntN(entities)
+		e := pick(rng, seq)
 		if last[e] == nil || rng.Float64() >= 0.3 {
 			version[e]++
 			last[e] = fmt.Appendf(nil, `{"e":"%s%d","v":%d,"seq":%d,"pad":%q}`, prefix, e, version[e], seq, pad)
@@ -689,7 +730,13 @@ type report struct {
 	// record's dead letter again.
 	dead, poison, forged              int
 	deadMissing, deadWrong, deadExtra int
-	firstProblems                     []string
+	// bombs: of the poison records, the offsets of batches that inflate
+	// past dam's bound (unread, so not among the input's records).
+	bombs int
+	// held: input records behind a halt (left out of the model);
+	// heldDelivered: of them, delivered all the same.
+	held, heldDelivered int
+	firstProblems       []string
 }
 
 func (r report) String() string {
@@ -700,6 +747,12 @@ func (r report) String() string {
 	}
 	if r.poison > 0 || r.forged > 0 {
 		s += fmt.Sprintf("; %d poison records: %d not dead-lettered, %d dead letters repeated; %d records with forged dam-* headers", r.poison, r.deadMissing, r.deadExtra, r.forged)
+	}
+	if r.bombs > 0 {
+		s += fmt.Sprintf("; %d of the poison records in batches past the decompression bound", r.bombs)
+	}
+	if r.held > 0 || r.heldDelivered > 0 {
+		s += fmt.Sprintf("; %d records held behind a halt, %d of them delivered", r.held, r.heldDelivered)
 	}
 	if r.deadWrong > 0 || r.headerErrors > 0 {
 		s += fmt.Sprintf("; %d dead letters wrong, %d forwards with wrong headers", r.deadWrong, r.headerErrors)
@@ -768,6 +821,29 @@ type routeCheck struct {
 	// model leaves it out) and has exactly one dead letter. nil: there is
 	// none, and no dead letter may appear.
 	poison func(*kgo.Record) (cause string, bad bool)
+	// bombs are the offsets of the input's record batches that inflate
+	// past pipeline.max_decompressed_batch_bytes (a batch of one record
+	// each). The checker reads the input around them (readAround), and
+	// each must have one dead letter without key, value or input headers,
+	// with dam-value-dropped: unknown and a dam-error saying why.
+	bombs map[recAt]bool
+	// held is, per input partition, the offset from which its records
+	// wait behind a halt (the committed offset of a halted partition):
+	// dam has not decided them, so the model leaves them out, and none of
+	// them may be delivered.
+	held map[int32]int64
+}
+
+// bombCause is what a bomb's dead letter's dam-error says.
+const bombCause = "inflates past pipeline.max_decompressed_batch_bytes"
+
+// valueDropped is the header of a dead letter without its record's value
+// (pipeline.HeaderValueDropped).
+const valueDropped = "dam-value-dropped"
+
+func (rc routeCheck) isHeld(r *kgo.Record) bool {
+	from, ok := rc.held[r.Partition]
+	return ok && r.Offset >= from
 }
 
 // defaultCheck is the default route's (sidecarOpts.routes "").
@@ -806,11 +882,25 @@ func isDamHeader(key string) bool {
 // and its dead-letter topic with the input's poison records.
 func (rc routeCheck) check(brokers string) (report, error) {
 	in := rc.input
+	var unread map[recAt]bool
 	if in == nil {
 		var err error
-		if in, err = testkafka.ReadAll(brokers, rc.in); err != nil {
+		if rc.bombs != nil {
+			in, unread, err = readAround(brokers, rc.in, checkerInflateMax)
+		} else {
+			in, err = testkafka.ReadAll(brokers, rc.in)
+		}
+		if err != nil {
 			return report{}, fmt.Errorf("reading %s: %w", rc.in, err)
 		}
+	}
+	for a := range unread {
+		if !rc.bombs[a] {
+			return report{}, fmt.Errorf("%s: the batch at partition %d offset %d inflates past %d bytes, and it is no bomb of the scenario's", rc.in, a.p, a.o, checkerInflateMax)
+		}
+	}
+	if rc.bombs != nil && len(unread) != len(rc.bombs) {
+		return report{}, fmt.Errorf("%s: %d batches inflate past %d bytes, the scenario produced %d bombs", rc.in, len(unread), checkerInflateMax, len(rc.bombs))
 	}
 	out, err := testkafka.ReadAll(brokers, rc.out)
 	if err != nil {
@@ -823,7 +913,7 @@ func (rc routeCheck) check(brokers string) (report, error) {
 	in = slices.Clone(in)
 	sortRecs(in)
 	sortRecs(out)
-	r := report{topic: rc.in, input: len(in), delivered: len(out), dead: len(dead)}
+	r := report{topic: rc.in, input: len(in) + len(unread), delivered: len(out), dead: len(dead), bombs: len(unread)}
 	problem := func(f string, a ...any) {
 		if len(r.firstProblems) < 10 {
 			r.firstProblems = append(r.firstProblems, fmt.Sprintf(f, a...))
@@ -832,6 +922,10 @@ func (rc routeCheck) check(brokers string) (report, error) {
 	// Bad input is never decided: the model runs on the good records.
 	byOffset := make(map[recAt]*kgo.Record, len(in))
 	poisonCause := map[recAt]string{}
+	for a := range unread {
+		poisonCause[a] = bombCause
+	}
+	held := map[string]map[string]bool{}
 	good := in[:0:0]
 	for _, rec := range in {
 		byOffset[recAt{rec.Partition, rec.Offset}] = rec
@@ -843,6 +937,15 @@ func (rc routeCheck) check(brokers string) (report, error) {
 				poisonCause[recAt{rec.Partition, rec.Offset}] = cause
 				continue
 			}
+		}
+		if rc.isHeld(rec) {
+			k := string(rec.Key)
+			if held[k] == nil {
+				held[k] = map[string]bool{}
+			}
+			held[k][string(rec.Value)] = true
+			r.held++
+			continue
 		}
 		good = append(good, rec)
 	}
@@ -881,10 +984,14 @@ func (rc routeCheck) check(brokers string) (report, error) {
 		k, v := string(rec.Key), string(rec.Value)
 		src := modelRec[k][v]
 		if src == nil {
-			if skipped[k][v] {
+			switch {
+			case held[k][v]:
+				r.heldDelivered++
+				problem("delivered a record held behind a halt: entity %.40s value %.60s (partition %d offset %d)", k, v, rec.Partition, rec.Offset)
+			case skipped[k][v]:
 				r.skippedDelivered++
 				problem("delivered a value the model forwards only in a range the operator skipped (that record, or a later repeat the caught-up state drops): entity %.40s value %.60s (partition %d offset %d)", k, v, rec.Partition, rec.Offset)
-			} else {
+			default:
 				r.falseForwards++
 				problem("false forward: entity %.40s value %.60s (partition %d offset %d)", k, v, rec.Partition, rec.Offset)
 			}
@@ -962,7 +1069,9 @@ func (rc routeCheck) check(brokers string) (report, error) {
 // dam-error, or why the dead letter is not as documented: exactly one
 // dam-error (at most maxErrorHeader bytes), dam-source-topic,
 // -partition and -offset each, naming an input record whose key, value and
-// headers (less dam-*) it carries, and no other dam-* header.
+// headers (less dam-*) it carries, and no other dam-* header. A bomb's
+// dead letter (rc.bombs) carries nothing of its record, which dam never
+// read, and dam-value-dropped: unknown besides.
 func (rc routeCheck) deadLetterSource(d *kgo.Record, in map[recAt]*kgo.Record) (*kgo.Record, string, error) {
 	dam := map[string][]string{}
 	for _, h := range d.Headers {
@@ -976,6 +1085,18 @@ func (rc routeCheck) deadLetterSource(d *kgo.Record, in map[recAt]*kgo.Record) (
 			return nil, "", fmt.Errorf("%d %s headers, want 1 (headers %q)", len(dam[k]), k, headerList(d.Headers))
 		}
 	}
+	p, err1 := strconv.ParseInt(dam["dam-source-partition"][0], 10, 32)
+	o, err2 := strconv.ParseInt(dam["dam-source-offset"][0], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, "", err
+	}
+	bomb := rc.bombs[recAt{int32(p), o}]
+	if bomb {
+		want = append(want, valueDropped)
+		if v := dam[valueDropped]; len(v) != 1 || v[0] != "unknown" {
+			return nil, "", fmt.Errorf("a bomb's dead letter with %s %q, want \"unknown\" once", valueDropped, v)
+		}
+	}
 	if len(dam) != len(want) {
 		return nil, "", fmt.Errorf("dam-* headers %q, want %q alone", headerList(d.Headers), want)
 	}
@@ -986,10 +1107,11 @@ func (rc routeCheck) deadLetterSource(d *kgo.Record, in map[recAt]*kgo.Record) (
 	if dam["dam-source-topic"][0] != rc.in {
 		return nil, "", fmt.Errorf("dam-source-topic %q, want %q", dam["dam-source-topic"][0], rc.in)
 	}
-	p, err1 := strconv.ParseInt(dam["dam-source-partition"][0], 10, 32)
-	o, err2 := strconv.ParseInt(dam["dam-source-offset"][0], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return nil, "", err
+	if bomb {
+		if len(d.Key) > 0 || len(d.Value) > 0 || len(d.Headers) != len(want) {
+			return nil, "", fmt.Errorf("a bomb's dead letter with a key (%d bytes), a value (%d bytes) or headers %q: dam never read its record", len(d.Key), len(d.Value), headerList(d.Headers))
+		}
+		return &kgo.Record{Topic: rc.in, Partition: int32(p), Offset: o}, cause, nil
 	}
 	src := in[recAt{int32(p), o}]
 	switch {
@@ -1060,14 +1182,14 @@ func assertReport(t *testing.T, r report, load *loadgen, maxExtra int) {
 	for _, p := range r.firstProblems {
 		t.Log(p)
 	}
-	if r.input != load.n {
-		t.Errorf("the input topic holds %d records, the load produced %d", r.input, load.n)
+	if r.input-r.bombs != load.n {
+		t.Errorf("the input topic holds %d records besides %d bombs, the load produced %d", r.input-r.bombs, r.bombs, load.n)
 	}
 	if r.forwards == 0 {
 		t.Fatal("checker: the model forwards nothing: the load did not reach the broker")
 	}
 	if r.lost != 0 || r.falseForwards != 0 || r.orderErrors != 0 || r.skippedDelivered != 0 || r.headerErrors != 0 ||
-		r.deadWrong != 0 || r.deadMissing != 0 {
+		r.deadWrong != 0 || r.deadMissing != 0 || r.heldDelivered != 0 {
 		t.Errorf("delivery broken: %s", r)
 	}
 	if maxExtra >= 0 && r.extra > maxExtra {
