@@ -33,6 +33,9 @@ func startTapSidecar(t *testing.T, kc *testkafka.Cluster) string {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Kafka.Brokers, cfg.Kafka.Group = []string{kc.Addr()}, "g"
+	// From the first offset: records produced before the group has joined
+	// (under load it may join late) are decided too.
+	cfg.Kafka.Start = config.StartEarliest
 	cfg.Postgres.DSN = pgtest.DSN(t)
 	cfg.Postgres.Migrate = true
 	cfg.HTTP.Listen = "127.0.0.1:0"
