@@ -57,9 +57,10 @@ build: ## Build bin/dam
 	$(GO) build -o bin/dam ./cmd/dam
 
 .PHONY: deps
-deps: $(INTEROP)/node_modules/.package-lock.json ## Download Go modules and install test tools (kcat, kafkajs) when missing
+deps: $(INTEROP)/node_modules/.package-lock.json ## Download Go modules and install test tools (kcat, tmux, kafkajs) when missing
 	$(GO) mod download
 	@command -v kcat >/dev/null 2>&1 || ./scripts/install-kcat.sh
+	@command -v tmux >/dev/null 2>&1 || ./scripts/install-tmux.sh
 
 # kafkajs for the interop test (internal/interop), exactly as its
 # package-lock.json pins it; reinstalled when the pin changes.

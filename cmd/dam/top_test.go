@@ -22,7 +22,10 @@ import (
 func TestTopShowsAHaltedPartitionInATerminal(t *testing.T) {
 	tmux, err := exec.LookPath("tmux")
 	if err != nil {
-		t.Skip("tmux not found (apt-get install tmux): dam top's terminal test needs it")
+		if os.Getenv("CI") != "" {
+			t.Fatal("tmux not found: make deps installs it (scripts/install-tmux.sh)")
+		}
+		t.Skip("tmux not found (make deps, or apt-get install tmux): dam top's terminal test needs it")
 	}
 	kc := testkafka.New(t, 1, "in", "out")
 	addr := startTapSidecar(t, kc)
