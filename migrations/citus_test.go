@@ -51,7 +51,7 @@ func TestCitusDistributes(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		got := distribution(t, dsn)
-		want := map[string]string{"state": "entity", "versions": "entity", "window_ids": "id", "progress": "part", "decision_log": "part"}
+		want := map[string]string{"state": "entity", "versions": "entity", "window_ids": "id", "progress": "part", "decision_log": "part", "operator_skips": "part"}
 		if !slices.Equal(slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want))) {
 			t.Fatalf("%s: distributed tables %v, want %v", when, got, want)
 		}
@@ -63,8 +63,8 @@ func TestCitusDistributes(t *testing.T) {
 		if g := got["state"][1]; got["versions"][1] != g || got["window_ids"][1] != g {
 			t.Errorf("%s: the identity tables are not co-located: %v", when, got)
 		}
-		if got["progress"][1] != got["decision_log"][1] {
-			t.Errorf("%s: progress and decision_log are not co-located: %v", when, got)
+		if got["progress"][1] != got["decision_log"][1] || got["progress"][1] != got["operator_skips"][1] {
+			t.Errorf("%s: progress, decision_log and operator_skips are not co-located: %v", when, got)
 		}
 	}
 	check("after Up")
