@@ -45,9 +45,6 @@ func (b *budget) over() bool {
 	return n > 0 && (b.queued.Load() >= n*b.perPartition || b.bytes.Load() >= b.maxBytes)
 }
 
-// wait blocks while the budget is used up, until ctx ends.
-func (b *budget) wait(ctx context.Context) { b.waitWhile(ctx, b.over) }
-
 // waitWhile blocks while over reports the budget used up, until ctx ends;
 // each giving back wakes it to ask again.
 func (b *budget) waitWhile(ctx context.Context, over func() bool) {
