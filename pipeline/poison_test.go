@@ -206,6 +206,24 @@ func createTrigger(t *testing.T, st *dedup.Store, function, trigger string) {
 	}
 }
 
+// dropTrigger drops a trigger createTrigger made, on Citus too (with the
+// same setting: Citus refuses DDL on a distributed table's triggers
+// without it).
+func dropTrigger(t *testing.T, st *dedup.Store, trigger string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := st.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for _, sql := range []string{`SET citus.enable_unsafe_triggers TO on`, trigger, `RESET citus.enable_unsafe_triggers`} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // No error of the store about one record halts a partition that has a
 // dead-letter topic (issue 18, item 10): the batch is decided again one
 // record at a time, the record the store refuses alone is dead-lettered

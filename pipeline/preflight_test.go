@@ -103,7 +103,13 @@ func TestStoreBackResumeLogged(t *testing.T) {
 	cfg := testConfig(t, kc, rewrite(proxy.Addr()), route("svc", "in", "out"))
 	cfg.Pipeline.RetryMin, cfg.Pipeline.RetryMax = 50*time.Millisecond, 200*time.Millisecond
 	r, logs := startObserved(t, cfg)
-	waitFor(t, "ready", func() (bool, string) { err := r.pl.Ready(); return err == nil, fmt.Sprint(err) })
+	// Ready with its partition recovered (a member with none is ready too,
+	// and a cut during its recovery would pause the recovery instead).
+	waitFor(t, "ready with in/0", func() (bool, string) {
+		err := r.pl.Ready()
+		n := r.gauge("dam_partitions_assigned", "svc")
+		return err == nil && n == 1, fmt.Sprint(err, n)
+	})
 	proxy.Cut()
 	produceTo(t, kc, "in", rec("a", `1`))
 	waitFor(t, "in/0 paused", func() (bool, string) {

@@ -1,7 +1,6 @@
 package pipeline_test
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -106,9 +105,7 @@ func TestReplayedUndecidedForwardTheStoreRefuses(t *testing.T) {
 		t.Errorf("not ready after the replay: %v", err)
 	}
 
-	if _, err := store.Pool().Exec(context.Background(), `DROP TRIGGER refuse_poison ON state`); err != nil {
-		t.Fatal(err)
-	}
+	dropTrigger(t, store, `DROP TRIGGER refuse_poison ON state`)
 	one(t, kc, "in", rec("poison", `0`))
 	out := waitOutput(t, kc, "out", 6)
 	if last := kvOf(out[5]); last.Key != "poison" || last.Value != "0" {
