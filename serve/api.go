@@ -131,9 +131,6 @@ func (s *Server) parse(c *checkRequest, prefix string) (dedup.CheckItem, *apiErr
 	if err := dedup.CheckService(*c.Service); err != nil {
 		return dedup.CheckItem{}, identityError(prefix+"service", err)
 	}
-	if e := s.unknownService(prefix+"service", *c.Service); e != nil {
-		return dedup.CheckItem{}, e
-	}
 	var entity []byte
 	field := prefix + "entity"
 	switch {
@@ -168,6 +165,11 @@ func (s *Server) parse(c *checkRequest, prefix string) (dedup.CheckItem, *apiErr
 		value = b
 	default:
 		return dedup.CheckItem{}, badRequest(codeMissingField, "missing field %spayload (or %spayload_base64)", prefix, prefix)
+	}
+	// (After the fields' own checks, so that a bad field is named as
+	// such whatever the service.)
+	if e := s.unknownService(prefix+"service", *c.Service); e != nil {
+		return dedup.CheckItem{}, e
 	}
 	d, err := s.hasher(*c.Service).Sum(value)
 	if err != nil {
