@@ -1,26 +1,17 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest"
-	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/tcpproxy"
 	"github.com/dam-dedup/dam/internal/testkafka"
-	"github.com/dam-dedup/dam/pipeline"
 )
 
 // The sidecar's /readyz is unauthenticated: while PostgreSQL does not
@@ -31,52 +22,9 @@ func TestSidecarReadyzNamesNoInfrastructure(t *testing.T) {
 	kc := testkafka.New(t, 1, "in", "out")
 	target, rewrite := tcpproxy.PostgresDSN(t, pgtest.DSN(t))
 	proxy := tcpproxy.New(t, target)
-	cfg := config.Default()
-	cfg.Kafka.Brokers, cfg.Kafka.Group = []string{kc.Addr()}, "g"
-	cfg.Postgres.DSN = rewrite(proxy.Addr())
-	cfg.Postgres.Migrate = true
-	cfg.HTTP.Listen = "127.0.0.1:0"
-	cfg.Pipeline.RetryMin, cfg.Pipeline.RetryMax = 50*time.Millisecond, 200*time.Millisecond
-	r := config.DefaultRoute()
-	r.Service, r.From, r.To = "s", "in", "out"
-	cfg.Routes = []config.Route{r}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	core, logs := observer.New(zapcore.InfoLevel)
-	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core))
-	ctx, cancel := context.WithCancel(context.Background())
-	addrc := make(chan string, 1)
-	errc := make(chan error, 1)
-	go func() {
-		errc <- runSidecar(ctx, cfg, log, prometheus.NewRegistry(), &sidecarHooks{
-			started: func(_ *pipeline.Pipeline, addr string) { addrc <- addr },
-		})
-	}()
-	defer func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("sidecar: %v", err)
-		}
-	}()
-	var addr string
-	select {
-	case addr = <-addrc:
-	case err := <-errc:
-		t.Fatalf("sidecar: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the sidecar did not start")
-	}
-	readyz := func() (int, string) {
-		t.Helper()
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	cfg := sidecarConfig(t, kc, rewrite(proxy.Addr()), nil)
+	addr, logs := startSidecar(t, cfg)
+	readyz := func() (int, string) { t.Helper(); return readyz(t, addr) }
 	waitReadyz := func(what string, ok func(code int, body string) bool) (int, string) {
 		t.Helper()
 		var code int

@@ -1,25 +1,19 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
-	"github.com/dam-dedup/dam/pipeline"
 )
 
 // dam run names a missing input topic at start: an error in the log with
@@ -29,50 +23,9 @@ import (
 func TestRunNamesMissingInputTopic(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 2, "out")
-	cfg := config.Default()
-	cfg.Kafka.Brokers, cfg.Kafka.Group = []string{kc.Addr()}, "g"
-	cfg.Postgres.DSN = pgtest.DSN(t)
-	cfg.HTTP.Listen = "127.0.0.1:0"
-	r := config.DefaultRoute()
-	r.Service, r.From, r.To = "s", "in", "out"
-	cfg.Routes = []config.Route{r}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	core, logs := observer.New(zapcore.InfoLevel)
-	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core))
-	ctx, cancel := context.WithCancel(context.Background())
-	addrc := make(chan string, 1)
-	errc := make(chan error, 1)
-	go func() {
-		errc <- runSidecar(ctx, cfg, log, prometheus.NewRegistry(), &sidecarHooks{
-			started: func(_ *pipeline.Pipeline, addr string) { addrc <- addr },
-		})
-	}()
-	defer func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("sidecar: %v", err)
-		}
-	}()
-	var addr string
-	select {
-	case addr = <-addrc:
-	case err := <-errc:
-		t.Fatalf("sidecar: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the sidecar did not start")
-	}
-	readyz := func() (int, string) {
-		t.Helper()
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	cfg := sidecarConfig(t, kc, pgtest.DSN(t), nil)
+	addr, logs := startSidecar(t, cfg)
+	readyz := func() (int, string) { t.Helper(); return readyz(t, addr) }
 	waitFor := func(what string, ok func() (bool, string)) {
 		t.Helper()
 		var last string

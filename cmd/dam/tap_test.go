@@ -13,9 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pgtest"
@@ -31,51 +29,13 @@ const tapTestToken = "tap-0123456789abcdef-ZYXW"
 // ready. It stops with the test.
 func startTapSidecar(t *testing.T, kc *testkafka.Cluster) string {
 	t.Helper()
-	cfg := config.Default()
-	cfg.Kafka.Brokers, cfg.Kafka.Group = []string{kc.Addr()}, "g"
-	// From the first offset: records produced before the group has joined
-	// (under load it may join late) are decided too.
-	cfg.Kafka.Start = config.StartEarliest
-	cfg.Postgres.DSN = pgtest.DSN(t)
-	cfg.Postgres.Migrate = true
-	cfg.HTTP.Listen = "127.0.0.1:0"
-	cfg.HTTP.Tap = config.Tap{Enabled: true, Token: tapTestToken, MaxReaders: 2}
-	cfg.Pipeline.RetryMin, cfg.Pipeline.RetryMax = 50*time.Millisecond, 200*time.Millisecond
-	r := config.DefaultRoute()
-	r.Service, r.From, r.To = "s", "in", "out"
-	cfg.Routes = []config.Route{r}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	addrc := make(chan string, 1)
-	errc := make(chan error, 1)
-	go func() {
-		errc <- runSidecar(ctx, cfg, zaptest.NewLogger(t), prometheus.NewRegistry(), &sidecarHooks{
-			started: func(_ *pipeline.Pipeline, addr string) { addrc <- addr },
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Errorf("sidecar: %v", err)
-		}
+	cfg := sidecarConfig(t, kc, pgtest.DSN(t), func(c *config.Config) {
+		c.HTTP.Tap = config.Tap{Enabled: true, Token: tapTestToken, MaxReaders: 2}
 	})
-	var addr string
-	select {
-	case addr = <-addrc:
-	case err := <-errc:
-		t.Fatalf("sidecar: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the sidecar did not start")
-	}
+	addr, _ := startSidecar(t, cfg)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return addr
-			}
+		if code, _ := readyz(t, addr); code == http.StatusOK {
+			return addr
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the sidecar is not ready")
