@@ -13,8 +13,13 @@
 //   - deliver.go: produce, wait for the acks, commit; records Kafka refuses
 //     for good dead-lettered without their value; ownership checked after
 //     a pause;
-//   - queue.go: per-partition queues and the shared polling budget
-//     (backpressure);
+//   - queue.go: per-partition queues and the shared polling budget,
+//     records and bytes, each worker's share held in an account that its
+//     end gives back whole (backpressure);
+//   - decompress.go: fetched batches inflated within their bounds, and a
+//     batch past them turned into bad input for its offsets;
+//   - logkeep.go: the decision log kept for decision_log.keep, pruned off
+//     the hot path, and halted partitions watched for an operator's skip;
 //   - health.go: readiness, dam_halted, broker and PostgreSQL probes;
 //     each partition's state (Status);
 //   - preflight.go: the cluster checked against the configuration (dam
