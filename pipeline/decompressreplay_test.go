@@ -125,11 +125,7 @@ func TestReplayedUndecompressableDeadLetterKeepsItsCause(t *testing.T) {
 	for _, delivery := range deliveries {
 		t.Run(delivery, func(t *testing.T) {
 			t.Parallel()
-			kc := testkafka.New(t, 1, "in", "out", "dlq")
-			dsn := pgtest.DSN(t)
-			rt := route("svc", "in", "out")
-			rt.DeadLetter = "dlq"
-			cfg := inMode(testConfig(t, kc, dsn, rt), delivery)
+			kc, dsn, cfg := deadLetterRig(t, delivery)
 			cfg.Pipeline.ShutdownGrace = time.Second
 			cfg.Pipeline.MaxDecompressedBatchBytes = 1<<20 + 64<<10
 			store := openStore(t, dsn)

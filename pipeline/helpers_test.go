@@ -15,6 +15,7 @@ import (
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
@@ -354,4 +355,16 @@ func produceTo(t *testing.T, kc *testkafka.Cluster, topic string, recs ...*kgo.R
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatalf("produce: %v", err)
 	}
+}
+
+// deadLetterRig is route svc from "in" (one partition) to "out" with the
+// dead-letter topic "dlq", in the given delivery mode, on a kfake cluster
+// and a schema of the test's own.
+func deadLetterRig(t *testing.T, delivery string) (*testkafka.Cluster, string, config.Config) {
+	t.Helper()
+	kc := testkafka.New(t, 1, "in", "out", "dlq")
+	dsn := pgtest.DSN(t)
+	rt := route("svc", "in", "out")
+	rt.DeadLetter = "dlq"
+	return kc, dsn, inMode(testConfig(t, kc, dsn, rt), delivery)
 }

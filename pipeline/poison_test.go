@@ -353,11 +353,7 @@ func TestRefusedDeadLetterHalts(t *testing.T) {
 	for _, delivery := range deliveries {
 		t.Run(delivery, func(t *testing.T) {
 			t.Parallel()
-			kc := testkafka.New(t, 1, "in", "out", "dlq")
-			dsn := pgtest.DSN(t)
-			rt := route("svc", "in", "out")
-			rt.DeadLetter = "dlq"
-			cfg := inMode(testConfig(t, kc, dsn, rt), delivery)
+			kc, dsn, cfg := deadLetterRig(t, delivery)
 			r := start(t, cfg, openStore(t, dsn))
 			one(t, kc, "in", rec("a", `1`))
 			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
@@ -22,11 +21,7 @@ func TestReplayedDeadLetterKeepsItsCause(t *testing.T) {
 	for _, delivery := range deliveries {
 		t.Run(delivery, func(t *testing.T) {
 			t.Parallel()
-			kc := testkafka.New(t, 1, "in", "out", "dlq")
-			dsn := pgtest.DSN(t)
-			rt := route("svc", "in", "out")
-			rt.DeadLetter = "dlq"
-			cfg := inMode(testConfig(t, kc, dsn, rt), delivery)
+			kc, dsn, cfg := deadLetterRig(t, delivery)
 			cfg.Pipeline.ShutdownGrace = time.Second
 			store := openStore(t, dsn)
 			storeRefuses(t, dsn)
