@@ -230,15 +230,23 @@ func TestTapNeedsItsToken(t *testing.T) {
 			t.Errorf("token %q query %q: %d, want %d", tc.token, tc.query, got, tc.want)
 		}
 	}
-	runTapCmd(t, "--addr", addr, "--token", tapTestToken)
-	runTapCmd(t, "--addr", addr, "--token", tapTestToken)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if get(tapTestToken, "") == http.StatusServiceUnavailable {
-			break
+	// Two readers hold their streams open: each is attached once its 200
+	// has arrived, so the third is refused whatever the timing.
+	for i := 0; i < 2; i++ {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/tap", nil)
+		req.Header.Set("Authorization", "Bearer "+tapTestToken)
+		ctx, cancel := context.WithCancel(context.Background())
+		resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+		if err != nil {
+			t.Fatal(err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("a third reader of max_readers 2 is not refused with 503")
+		t.Cleanup(func() { cancel(); resp.Body.Close() })
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("reader %d of max_readers 2: %d, want 200", i+1, resp.StatusCode)
 		}
+	}
+	if got := get(tapTestToken, ""); got != http.StatusServiceUnavailable {
+		t.Errorf("a third reader of max_readers 2: %d, want 503", got)
 	}
 	if code, _, errOut := runDam(t, "tap", "--addr", addr, "--token", "tap-0123456789abcdef-ZYXV"); code != 1 || !regexp.MustCompile(`401.*refuses the token`).MatchString(errOut) {
 		t.Errorf("dam tap with a wrong token: exit %d, %q", code, errOut)
