@@ -151,7 +151,11 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 	if len(recs) == 0 {
 		return halt
 	}
-	if !catchUp && w.d.tap.active() {
+	tap := tapNone
+	if !catchUp {
+		tap = w.d.tap.admit(w.rt.service, b.Records)
+	}
+	if tap == tapBuild {
 		b.Sources = make([]dedup.Source, len(b.Records)) // for the tap: what each drop duplicates
 	}
 
@@ -221,8 +225,8 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 			j.counts[outcomeOf(decisions[i])]++
 		}
 	}
-	if w.d.tap.active() {
-		w.tap(recs, b, decisions, undecided, causes)
+	if tap != tapNone {
+		w.tap(tap, recs, b, decisions, undecided, causes)
 	}
 	return w.emit(j)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,13 +24,16 @@ import (
 // publish each decided batch into a hub; readers subscribe with a filter.
 //
 // The hot path never waits for a reader: while no reader is attached a
-// decider checks one atomic and builds nothing; with readers, it builds
-// the batch's events once (one allocation, shared by every reader) and
-// hands them to each reader without blocking. A reader's buffer is
-// bounded (tapBufferEvents decisions, tapBufferBatches batches), and so is
-// its rate (TapMaxRate): what does not fit is lost for that reader alone,
-// counted, and the reader is told how many. The readers at once are
-// bounded (http.tap.max_readers).
+// decider checks one atomic and builds nothing. With readers, a reader's
+// rate is bounded (TapMaxRate), and a decided batch is built for the tap
+// only when a reader has room for it (admits: tokens for the batch, or
+// for tapAdmitTokens of it); otherwise each reader counts what it selects
+// of the batch as lost, with no event built and no source read. A batch
+// admitted is built for each reader once, what it selects up to its
+// tokens, and handed over without blocking. A reader's buffer is bounded
+// (tapBufferEvents decisions, tapBufferBatches batches): what does not
+// fit is lost for that reader alone, counted, and the reader is told how
+// many. The readers at once are bounded (http.tap.max_readers).
 //
 // Catch-up batches (deciding what Kafka's offset is already past) and a
 // recovery's re-deliveries are not new decisions: they are not tapped.
@@ -57,6 +61,13 @@ const (
 // reader sees every decision it selects up to this rate. (Vector's tap
 // samples too: 100 events per half second by default.)
 const TapMaxRate = 10000
+
+// tapAdmitTokens is the room a reader needs for a batch of more records
+// to be built for it. A reader of every decision of a busy sidecar is
+// over its rate most of the time: the batches decided meanwhile cost the
+// hot path a count, not events and sources, and the reader gets whole
+// runs of consecutive decisions about ten times a second.
+const tapAdmitTokens = TapMaxRate / 10
 
 // tapEntityMax bounds the entity bytes a tapped decision keeps (a key is
 // producer-controlled): a longer one is cut (TapEvent.EntityCut).
@@ -93,8 +104,8 @@ type TapFilter struct {
 	Entity    []byte
 	HasEntity bool
 	// Sample, in (0, 1), keeps that fraction of the selected decisions at
-	// random; 0 or 1 keeps them all. (A full buffer loses decisions before
-	// sampling, the rate bound after it.)
+	// random; 0 or 1 keeps them all. What a reader loses is counted among
+	// the decisions its sampling keeps.
 	Sample float64
 }
 
@@ -116,6 +127,19 @@ func ParseTapEntity(s string) ([]byte, error) {
 		return b, nil
 	}
 	return []byte(s), nil
+}
+
+// everything reports whether f selects every decision, unsampled.
+func (f *TapFilter) everything() bool {
+	return f.Service == "" && f.Allowed == nil && f.Decision == "" && !f.HasEntity && f.Sample == 0
+}
+
+// sampled draws whether a selected decision is kept by f's sampling.
+func (f *TapFilter) sampled() bool { return f.Sample == 0 || rand.Float64() < f.Sample }
+
+// servesService reports whether f may select decisions of service.
+func (f *TapFilter) servesService(service string) bool {
+	return (f.Service == "" || f.Service == service) && (f.Allowed == nil || allowed(f.Allowed, service))
 }
 
 func (f *TapFilter) selects(e *TapEvent) bool {
@@ -155,7 +179,7 @@ func (t *Tap) Subscribe(f TapFilter) (*TapReader, error) {
 	if f.Sample >= 1 || f.Sample < 0 {
 		f.Sample = 0
 	}
-	r := &TapReader{t: t, f: f, ch: make(chan tapBatch, tapBufferBatches), done: make(chan struct{}),
+	r := &TapReader{t: t, f: f, ch: make(chan []TapEvent, tapBufferBatches), done: make(chan struct{}),
 		tokens: TapMaxRate, refilled: time.Now()}
 	t.subs[r] = struct{}{}
 	t.readers.Store(int32(len(t.subs)))
@@ -181,55 +205,173 @@ func (t *Tap) Close() {
 	t.readers.Store(0)
 }
 
-// publish hands a decided batch's events to every reader, never waiting:
-// a reader whose buffer is full loses the batch's decisions that it
-// selects. evs is not changed afterwards (the readers share it).
-func (t *Tap) publish(evs []TapEvent) {
+// Admission: what the tap takes of a decided batch.
+type tapAdmission int
+
+const (
+	tapNone  tapAdmission = iota // no reader: nothing
+	tapCount                     // no reader has room: each counts what it selects as lost
+	tapBuild                     // a reader has room: the batch is built, with its sources
+)
+
+// admit says, before a batch of service is decided, what the tap takes of
+// it: tapBuild when a reader may select its decisions and has room for
+// them (tokens for the whole batch, or for tapAdmitTokens of a larger
+// one), so that the decide reads each record's source; tapCount when
+// readers are attached but none has; tapNone without readers.
+func (t *Tap) admit(service string, recs []dedup.Record) tapAdmission {
+	if !t.active() {
+		return tapNone
+	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
+	now := time.Now()
+	need := float64(min(len(recs), tapAdmitTokens))
 	for r := range t.subs {
-		n := 0
-		for i := range evs {
-			if r.f.selects(&evs[i]) {
-				n++
+		if !r.f.servesService(service) || r.queued.Load() >= tapBufferEvents || r.room(now) < need {
+			continue
+		}
+		if r.f.HasEntity && !slices.ContainsFunc(recs, func(rec dedup.Record) bool { return bytes.Equal(rec.Entity, r.f.Entity) }) {
+			continue
+		}
+		return tapBuild
+	}
+	return tapCount
+}
+
+// tapView is a decided batch as the tap reads it.
+type tapView interface {
+	// len is the number of decisions.
+	len() int
+	// event sets e to decision i, its Entity the batch's bytes (cut to
+	// tapEntityMax), not a copy, and its Cause unset.
+	event(i int, e *TapEvent)
+	// cause is decision i's dead-letter cause.
+	cause(i int) string
+}
+
+// publish hands a decided batch's decisions to every reader, never
+// waiting. Admitted (tapBuild), each reader gets what it selects, up to
+// its tokens and its buffer's room, as events of its own; the rest of
+// what it selects is lost for it. Not admitted, every decision a reader
+// selects is lost for it.
+func (t *Tap) publish(v tapView, how tapAdmission) {
+	if how == tapNone {
+		return
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	n := v.len()
+	now := time.Now()
+	var e TapEvent
+	for r := range t.subs {
+		if how == tapCount || r.queued.Load() >= tapBufferEvents {
+			r.lost.Add(r.f.count(v))
+			continue
+		}
+		room := min(int(r.take(now, float64(n))), tapBufferEvents-int(r.queued.Load()))
+		out := make([]TapEvent, 0, max(0, min(n, room)))
+		var lost int64
+		var ents []byte // the events' entities, one allocation or a few
+		for i := range n {
+			v.event(i, &e)
+			if !r.f.selects(&e) || !r.f.sampled() {
+				continue
+			}
+			if len(out) >= room {
+				lost++
+				continue
+			}
+			at := len(ents)
+			ents = append(ents, e.Entity...)
+			e.Entity = ents[at:len(ents):len(ents)]
+			if e.Outcome == outcomeInvalid.String() {
+				e.Cause = v.cause(i)
+			}
+			out = append(out, e)
+		}
+		r.giveBack(float64(room - len(out)))
+		if len(out) > 0 {
+			select {
+			case r.ch <- out:
+				r.queued.Add(int64(len(out)))
+			default:
+				lost += int64(len(out))
 			}
 		}
-		if n == 0 {
-			continue
-		}
-		if r.queued.Load()+int64(n) > tapBufferEvents {
-			r.lost.Add(int64(n))
-			continue
-		}
-		select {
-		case r.ch <- tapBatch{evs: evs, n: n}:
-			r.queued.Add(int64(n))
-		default:
-			r.lost.Add(int64(n))
+		if lost > 0 {
+			r.lost.Add(lost)
 		}
 	}
 }
 
-// tapBatch is one published batch as a reader's buffer holds it: n of its
-// events are selected by the reader.
-type tapBatch struct {
-	evs []TapEvent
-	n   int
+// count is how many of v's decisions f selects (sampling included).
+func (f *TapFilter) count(v tapView) int64 {
+	n := v.len()
+	if f.everything() {
+		return int64(n)
+	}
+	var e TapEvent
+	var c int64
+	for i := range n {
+		v.event(i, &e)
+		if f.selects(&e) && f.sampled() {
+			c++
+		}
+	}
+	return c
 }
 
 // TapReader is one attached reader of the tap.
 type TapReader struct {
 	t      *Tap
 	f      TapFilter
-	ch     chan tapBatch
-	queued atomic.Int64 // selected decisions buffered
+	ch     chan []TapEvent
+	queued atomic.Int64 // decisions buffered
 	lost   atomic.Int64 // selected decisions lost, not yet reported
 	done   chan struct{}
 	once   sync.Once
-	// tokens is the reader's budget of decisions (TapMaxRate a second),
-	// as of refilled: Next's alone.
+	// tokens is the reader's budget of decisions (TapMaxRate a second,
+	// as many at most), as of refilled. The publishers share it.
+	mu       sync.Mutex
 	tokens   float64
 	refilled time.Time
+}
+
+// refill adds the tokens earned since the last refill; mu is held.
+func (r *TapReader) refill(now time.Time) {
+	if now.After(r.refilled) {
+		r.tokens = min(TapMaxRate, r.tokens+now.Sub(r.refilled).Seconds()*TapMaxRate)
+		r.refilled = now
+	}
+}
+
+// room returns the reader's tokens at now.
+func (r *TapReader) room(now time.Time) float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refill(now)
+	return r.tokens
+}
+
+// take takes up to n tokens at now and returns how many it took.
+func (r *TapReader) take(now time.Time, n float64) float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refill(now)
+	n = max(0, min(n, float64(int(r.tokens))))
+	r.tokens -= n
+	return n
+}
+
+// giveBack returns n tokens taken and not used.
+func (r *TapReader) giveBack(n float64) {
+	if n <= 0 {
+		return
+	}
+	r.mu.Lock()
+	r.tokens = min(TapMaxRate, r.tokens+n)
+	r.mu.Unlock()
 }
 
 func (r *TapReader) end() { r.once.Do(func() { close(r.done) }) }
@@ -247,43 +389,26 @@ func (r *TapReader) Close() {
 
 // Next waits for decisions and returns those the reader selects (after
 // sampling), and how many selected decisions were lost since the last
-// call because the reader did not keep up. It returns ctx's error when
-// ctx ends, ErrTapClosed when the tap is closed (the pipeline stopped) or
-// the reader is.
+// call because the reader did not keep up or was over its rate. It
+// returns ctx's error when ctx ends, ErrTapClosed when the tap is closed
+// (the pipeline stopped) or the reader is.
 func (r *TapReader) Next(ctx context.Context) ([]TapEvent, int64, error) {
 	for {
-		var b tapBatch
+		var evs []TapEvent
 		select {
-		case b = <-r.ch:
+		case evs = <-r.ch:
 		case <-ctx.Done():
 			return nil, r.lost.Swap(0), ctx.Err()
 		case <-r.done:
 			select {
-			case b = <-r.ch:
+			case evs = <-r.ch:
 			default:
 				return nil, r.lost.Swap(0), ErrTapClosed
 			}
 		}
-		r.queued.Add(-int64(b.n))
-		now := time.Now()
-		r.tokens = min(TapMaxRate, r.tokens+now.Sub(r.refilled).Seconds()*TapMaxRate)
-		r.refilled = now
-		out := make([]TapEvent, 0, min(b.n, int(r.tokens)))
-		var over int64
-		for i := range b.evs {
-			e := &b.evs[i]
-			if !r.f.selects(e) || (r.f.Sample != 0 && rand.Float64() >= r.f.Sample) {
-				continue
-			}
-			if r.tokens < 1 {
-				over++
-				continue
-			}
-			r.tokens--
-			out = append(out, *e)
-		}
-		if lost := r.lost.Swap(0) + over; len(out) > 0 || lost > 0 {
-			return out, lost, nil
+		r.queued.Add(-int64(len(evs)))
+		if lost := r.lost.Swap(0); len(evs) > 0 || lost > 0 {
+			return evs, lost, nil
 		}
 	}
 }
@@ -427,36 +552,49 @@ func showEntity(e []byte) string {
 func (p *Pipeline) Tap() *Tap { return p.tap }
 
 // tap publishes a decided batch's decisions (recs and b.Records,
-// decisions as decideBatch has them). Called only while a reader is
-// attached.
-func (w *worker) tap(recs []*kgo.Record, b *dedup.Batch, decisions []dedup.Decision, undecided bool, causes []error) {
-	sources := !undecided && len(b.Sources) == len(recs)
-	evs := make([]TapEvent, len(recs))
-	for i, r := range recs {
-		br := &b.Records[i]
-		e := &evs[i]
-		*e = TapEvent{Service: w.rt.service, Mode: w.rt.rule.Mode, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-			Source: dedup.Source{Offset: -1}}
-		ent := br.Entity
-		if len(ent) > tapEntityMax {
-			ent, e.EntityCut = ent[:tapEntityMax], true
-		}
-		e.Entity = bytes.Clone(ent)
-		switch {
-		case br.Invalid:
-			e.Outcome = outcomeInvalid.String()
-			if causes != nil && causes[i] != nil {
-				e.Cause = boundDetail(causes[i].Error())
-			}
-		case undecided:
-			e.Outcome = outcomeUndecided.String()
-		default:
-			e.Outcome = outcomeOf(decisions[i]).String()
-			e.Shadow = w.rt.shadow && !decisions[i].Forwards()
-		}
-		if sources && !br.Invalid {
-			e.Source = b.Sources[i]
-		}
+// decisions as decideBatch has them), as admitted before its decide.
+func (w *worker) tap(how tapAdmission, recs []*kgo.Record, b *dedup.Batch, decisions []dedup.Decision, undecided bool, causes []error) {
+	w.d.tap.publish(&workerTapView{w: w, recs: recs, b: b, decisions: decisions, undecided: undecided, causes: causes,
+		sources: !undecided && len(b.Sources) == len(recs)}, how)
+}
+
+// workerTapView is a worker's decided batch as the tap reads it.
+type workerTapView struct {
+	w         *worker
+	recs      []*kgo.Record
+	b         *dedup.Batch
+	decisions []dedup.Decision
+	undecided bool
+	causes    []error
+	sources   bool
+}
+
+func (v *workerTapView) len() int { return len(v.recs) }
+
+func (v *workerTapView) event(i int, e *TapEvent) {
+	r, br := v.recs[i], &v.b.Records[i]
+	*e = TapEvent{Service: v.w.rt.service, Mode: v.w.rt.rule.Mode, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
+		Entity: br.Entity, Source: dedup.Source{Offset: -1}}
+	if len(e.Entity) > tapEntityMax {
+		e.Entity, e.EntityCut = e.Entity[:tapEntityMax], true
 	}
-	w.d.tap.publish(evs)
+	switch {
+	case br.Invalid:
+		e.Outcome = outcomeInvalid.String()
+	case v.undecided:
+		e.Outcome = outcomeUndecided.String()
+	default:
+		e.Outcome = outcomeOf(v.decisions[i]).String()
+		e.Shadow = v.w.rt.shadow && !v.decisions[i].Forwards()
+	}
+	if v.sources && !br.Invalid {
+		e.Source = v.b.Sources[i]
+	}
+}
+
+func (v *workerTapView) cause(i int) string {
+	if v.causes == nil || v.causes[i] == nil {
+		return ""
+	}
+	return boundDetail(v.causes[i].Error())
 }

@@ -5,10 +5,19 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/dam-dedup/dam/dedup"
 )
 
-func tapEvents(service string, outcomes ...string) []TapEvent {
-	evs := make([]TapEvent, len(outcomes))
+// eventsView is a decided batch of events, as the tap reads one.
+type eventsView []TapEvent
+
+func (v eventsView) len() int                 { return len(v) }
+func (v eventsView) event(i int, e *TapEvent) { *e = v[i]; e.Cause = "" }
+func (v eventsView) cause(i int) string       { return v[i].Cause }
+
+func tapEvents(service string, outcomes ...string) eventsView {
+	evs := make(eventsView, len(outcomes))
 	for i, o := range outcomes {
 		evs[i] = TapEvent{Service: service, Topic: "in", Offset: int64(i), Entity: []byte("e"), Outcome: o}
 	}
@@ -44,7 +53,7 @@ func TestTapHubNeverBlocks(t *testing.T) {
 	go func() {
 		defer close(done)
 		for range batches {
-			tp.publish(tapEvents("s", "forwarded", "duplicate", "duplicate", "invalid"))
+			tp.publish(tapEvents("s", "forwarded", "duplicate", "duplicate", "invalid"), tapBuild)
 		}
 	}()
 	select {
@@ -116,7 +125,7 @@ func TestTapReaderRateBound(t *testing.T) {
 	start := time.Now()
 	got, lost := 0, int64(0)
 	for range 6 {
-		tp.publish(tapEvents("s", outcomes...))
+		tp.publish(tapEvents("s", outcomes...), tapBuild)
 		evs, l, err := r.Next(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -127,4 +136,116 @@ func TestTapReaderRateBound(t *testing.T) {
 	if got > limit || got+int(lost) != 6*len(outcomes) {
 		t.Fatalf("read %d, lost %d of %d: want at most %d read and the rest lost", got, lost, 6*len(outcomes), limit)
 	}
+}
+
+// records are n decided records of entity e, as admit reads them.
+func tapRecords(n int, entity string) []dedup.Record {
+	recs := make([]dedup.Record, n)
+	for i := range recs {
+		recs[i].Entity = []byte(entity)
+	}
+	return recs
+}
+
+// A batch is built for the tap only when a reader may select its
+// decisions and has room for them: a reader over its rate costs the
+// decider a count of what it loses, and one of another service or
+// entity nothing. Built, a dead letter carries its cause and the events
+// own their entity bytes.
+func TestTapAdmitsOnlyBatchesAReaderHasRoomFor(t *testing.T) {
+	tp := newTap(3)
+	if got := tp.admit("s", tapRecords(1, "e")); got != tapNone {
+		t.Fatalf("no reader: %v, want tapNone", got)
+	}
+	all, err := tp.Subscribe(TapFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer all.Close()
+	if got := tp.admit("s", tapRecords(TapMaxRate, "e")); got != tapBuild {
+		t.Fatalf("a reader with its full rate: %v, want tapBuild", got)
+	}
+	// The reader takes its whole rate, and is told of the rest as lost.
+	big := make([]string, 4000)
+	for i := range big {
+		big[i] = "forwarded"
+	}
+	var first []TapEvent
+	var v, v0 eventsView
+	start := time.Now()
+	got, lost := 0, int64(0)
+	for i := range 3 {
+		v = tapEvents("s", big...)
+		v[3].Outcome, v[3].Cause = "invalid", "not JSON"
+		tp.publish(v, tapBuild)
+		evs, l, err := all.Next(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first, v0 = evs, v
+		}
+		got, lost = got+len(evs), lost+l
+	}
+	if limit := TapMaxRate + int(time.Since(start).Seconds()*TapMaxRate) + 1; got < TapMaxRate || got > limit || got+int(lost) != 3*len(big) {
+		t.Fatalf("read %d and lost %d of %d, want its rate (%d to %d) read and the rest lost", got, lost, 3*len(big), TapMaxRate, limit)
+	}
+	evs := first
+	if evs[3].Cause != "not JSON" || evs[0].Cause != "" {
+		t.Fatalf("causes %q and %q, want a dead letter's alone", evs[3].Cause, evs[0].Cause)
+	}
+	for i := range v0 {
+		v0[i].Entity[0] = 'x' // the batch's bytes are the decider's again
+	}
+	if string(first[0].Entity) != "e" {
+		t.Fatalf("a tapped entity changed with the batch: %q", evs[0].Entity)
+	}
+	// Over its rate: a batch is counted, not built, until room returns.
+	if got := tp.admit("s", tapRecords(2000, "e")); got != tapCount {
+		t.Fatalf("a reader over its rate: %v, want tapCount", got)
+	}
+	tp.publish(tapEvents("s", big[:2000]...), tapCount)
+	if _, lost, _ := all.Next(timeout(t, 50*time.Millisecond)); lost != 2000 {
+		t.Fatalf("a counted batch: %d lost, want 2000", lost)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for tp.admit("s", tapRecords(2000, "e")) != tapBuild {
+		if time.Now().After(deadline) {
+			t.Fatal("the reader's room never returns")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// Readers of another service, or of an entity not in the batch, admit
+	// nothing, and lose nothing of it.
+	all.Close()
+	other, err := tp.Subscribe(TapFilter{Service: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	one, err := tp.Subscribe(TapFilter{Entity: []byte("k9"), HasEntity: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	if got := tp.admit("s", tapRecords(10, "e")); got != tapCount {
+		t.Fatalf("readers of another service and entity: %v, want tapCount", got)
+	}
+	tp.publish(tapEvents("s", "forwarded", "duplicate"), tapCount)
+	for _, r := range []*TapReader{other, one} {
+		if evs, lost, err := r.Next(timeout(t, 50*time.Millisecond)); len(evs) != 0 || lost != 0 || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%+v: %d events, %d lost, %v", r.f, len(evs), lost, err)
+		}
+	}
+	if got := tp.admit("s", append(tapRecords(10, "e"), tapRecords(1, "k9")...)); got != tapBuild {
+		t.Fatalf("a batch holding the entity a reader selects: %v, want tapBuild", got)
+	}
+}
+
+// timeout is a context that ends after d, or with the test.
+func timeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
 }
