@@ -20,13 +20,16 @@ import (
 // Source is where the records come from: Kafka (KafkaSource) or a file
 // (FileSource).
 type Source interface {
-	// Read calls fn with each record, in offset order within a
-	// partition, until the input ends, fn returns ErrStop (Read then
-	// returns nil) or another error (Read returns it). topics, when not
-	// nil, are the only topics Read needs. The first Read fixes the
-	// records read: a later Read passes fn exactly the records the first
-	// passed it (those of topics), for the what-if runs.
-	Read(ctx context.Context, topics []string, fn func(*kgo.Record) error) error
+	// Read calls fn with the records in runs (a run is in offset order
+	// within a partition, and the runs of a partition follow each
+	// other), until the input ends or fn returns an error. fn returns
+	// how many of the run it took: all of it with a nil error; with
+	// ErrStop (Read then returns nil) or another error (Read returns it),
+	// the first n. topics, when not nil, are the only topics Read needs.
+	// The first Read fixes the records read: a later Read passes fn
+	// exactly the records the first had taken (those of topics), for the
+	// what-if runs. fn may keep the records.
+	Read(ctx context.Context, topics []string, fn func(run []*kgo.Record) (int, error)) error
 	// Rereadable reports whether Read may be called again.
 	Rereadable() bool
 	// Where names a record's place for a report: topic/partition@offset,
@@ -201,6 +204,10 @@ func (a *analysis) progress(pass, passes int, n int64, done bool) {
 // pass reads the input once and decides every record with ds (the
 // deciders reading its topic). The first pass fixes the records read:
 // it stops at MaxRecords or at the identity limit.
+//
+// Each run of records is identified in parallel (a record's identity,
+// version and digest, the costly part: its canonical form hashed), then
+// decided in order by this goroutine, chunk by chunk as they are ready.
 func (a *analysis) pass(ctx context.Context, pass, passes int, ds []*decider, first bool) error {
 	a.rep.Passes++
 	byTopic := map[string][]*decider{}
@@ -215,45 +222,50 @@ func (a *analysis) pass(ctx context.Context, pass, passes int, ds []*decider, fi
 	if first {
 		topics = nil // every record is read (and counted) once
 	}
+	ip := newIdentifier(byTopic)
+	defer ip.close()
 	var n, ids int64
 	last := time.Now()
-	err := a.src.Read(ctx, topics, func(r *kgo.Record) error {
-		if first && a.o.MaxRecords > 0 && n == a.o.MaxRecords {
+	err := a.src.Read(ctx, topics, func(run []*kgo.Record) (int, error) {
+		var stop error
+		if first && a.o.MaxRecords > 0 && n+int64(len(run)) > a.o.MaxRecords {
+			run, stop = run[:a.o.MaxRecords-n], ErrStop
 			a.rep.Stopped = fmt.Sprintf("stopped after --max-records %d records", a.o.MaxRecords)
-			return ErrStop
 		}
-		dsOf, routed := byTopic[r.Topic]
-		if first && routed && ids+int64(len(dsOf)) > a.o.MaxIdentities {
-			if full := ids + a.newIdentities(dsOf, r); full > a.o.MaxIdentities {
-				a.rep.Stopped = fmt.Sprintf("stopped after %d records, before %s: the limit of %d identities in memory is reached (about %d MB); raise --max-identities, or analyze a shorter range (--max-records)",
-					n, a.src.Where(r), a.o.MaxIdentities, a.o.MaxIdentities*slotBytes>>20)
-				return ErrStop
+		r := ip.identify(run)
+		for i, rec := range run {
+			idents := r.of(i)
+			dsOf, routed := byTopic[rec.Topic]
+			if first && routed && ids+int64(len(dsOf)) > a.o.MaxIdentities {
+				if full := ids + newIdentities(dsOf, idents); full > a.o.MaxIdentities {
+					a.rep.Stopped = fmt.Sprintf("stopped after %d records, before %s: the limit of %d identities in memory is reached (about %d MB); raise --max-identities, or analyze a shorter range (--max-records)",
+						n, a.src.Where(rec), a.o.MaxIdentities, a.o.MaxIdentities*slotBytes>>20)
+					return i, ErrStop
+				}
+			}
+			n++
+			if first {
+				a.rep.Records++
+				if !routed {
+					a.rep.Unrouted++
+				}
+			}
+			now := a.o.Now
+			if a.o.Clock == ClockRecord && !rec.Timestamp.IsZero() {
+				now = rec.Timestamp
+			}
+			for j, d := range dsOf {
+				ids += d.decide(rec, &idents[j], now, a.src)
 			}
 		}
-		n++
-		if first {
-			a.rep.Records++
-			if !routed {
-				a.rep.Unrouted++
-			}
+		if err := ctx.Err(); err != nil {
+			return len(run), err
 		}
-		now := a.o.Now
-		if a.o.Clock == ClockRecord && !r.Timestamp.IsZero() {
-			now = r.Timestamp
+		if t := time.Now(); t.Sub(last) >= 500*time.Millisecond {
+			last = t
+			a.progress(pass, passes, n, false)
 		}
-		for _, d := range dsOf {
-			ids += d.decide(r, now, a.src)
-		}
-		if n&1023 == 0 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if t := time.Now(); t.Sub(last) >= 500*time.Millisecond {
-				last = t
-				a.progress(pass, passes, n, false)
-			}
-		}
-		return nil
+		return len(run), stop
 	})
 	if err != nil {
 		return err
@@ -262,12 +274,13 @@ func (a *analysis) pass(ctx context.Context, pass, passes int, ds []*decider, fi
 	return nil
 }
 
-// newIdentities counts the deciders of r for which r's identity is new.
-func (a *analysis) newIdentities(ds []*decider, r *kgo.Record) int64 {
+// newIdentities counts the identities of a record (idents, one per
+// decider of ds) that are new to their decider.
+func newIdentities(ds []*decider, idents []ident) int64 {
 	var n int64
-	for _, d := range ds {
-		if id, _, _, err := d.route.Identify(r); err == nil {
-			if _, ok := d.state[keyOf(id)]; !ok {
+	for j, d := range ds {
+		if idents[j].err == nil {
+			if _, ok := d.state[idents[j].key]; !ok {
 				n++
 			}
 		}
@@ -377,20 +390,16 @@ func newDecider(rt *pipeline.Route, o Options) *decider {
 func (d *decider) dropped() int64 { return d.duplicates + d.stale }
 
 // decide decides r at now, as the sidecar does: its identity, version
-// and digest from the route's Identify, its decision from the rule
-// against the identity's state. It returns 1 when r's identity is new.
-func (d *decider) decide(r *kgo.Record, now time.Time, src Source) int64 {
+// and digest from the route's Identify (in id), its decision from the
+// rule against the identity's state. It returns 1 when r's identity is
+// new.
+func (d *decider) decide(r *kgo.Record, id *ident, now time.Time, src Source) int64 {
 	d.records++
-	if err := undecompressable(r); err != nil {
-		d.deadLetter(err, r, src)
+	if id.err != nil {
+		d.deadLetter(id.err, r, src)
 		return 0
 	}
-	id, version, digest, err := d.route.Identify(r)
-	if err != nil {
-		d.deadLetter(err, r, src)
-		return 0
-	}
-	k := keyOf(id)
+	k, version, digest := id.key, id.version, id.digest
 	s, found := d.state[k]
 	var prev dedup.Stored
 	if found {
@@ -424,7 +433,7 @@ func (d *decider) decide(r *kgo.Record, now time.Time, src Source) int64 {
 	s.drops++
 	d.state[k] = s
 	if d.top != nil {
-		d.top.add(k, id, int64(s.drops))
+		d.top.add(k, id.identity, int64(s.drops))
 	}
 	return added
 }

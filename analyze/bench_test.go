@@ -16,9 +16,9 @@ import (
 // the analysis, not the reading.
 type memSource []*kgo.Record
 
-func (m memSource) Read(ctx context.Context, _ []string, fn func(*kgo.Record) error) error {
-	for _, r := range m {
-		if err := fn(r); err != nil {
+func (m memSource) Read(ctx context.Context, _ []string, fn func([]*kgo.Record) (int, error)) error {
+	for i := 0; i < len(m); i += 1000 {
+		if _, err := fn(m[i:min(i+1000, len(m))]); err != nil {
 			return nil
 		}
 	}

@@ -90,9 +90,12 @@ func lineOf(r *kgo.Record) int64 {
 // ErrLineTooLong: a line of the file is longer than the source's limit.
 var ErrLineTooLong = errors.New("analyze: line too long")
 
+// fileRun is how many records a FileSource passes at once.
+const fileRun = 512
+
 // Read reads the file; a later Read reads the lines the first passed to
 // fn (see Source).
-func (f *FileSource) Read(ctx context.Context, _ []string, fn func(*kgo.Record) error) error {
+func (f *FileSource) Read(ctx context.Context, _ []string, fn func([]*kgo.Record) (int, error)) error {
 	in := f.in
 	if in == nil {
 		file, err := os.Open(f.path)
@@ -109,17 +112,48 @@ func (f *FileSource) Read(ctx context.Context, _ []string, fn func(*kgo.Record) 
 	br := bufio.NewReaderSize(in, 64<<10)
 	var line []byte
 	var n int64 // lines read
+	run := make([]*kgo.Record, 0, fileRun)
+	// flush passes the run to fn; it reports whether the reading ends
+	// (and with what).
+	flush := func(end bool) (bool, error) {
+		if len(run) == 0 {
+			if end && first {
+				f.lines = n
+			}
+			return end, nil
+		}
+		took, err := fn(run)
+		if err != nil {
+			if first {
+				f.lines = lineOf(run[0]) - 1 // the lines before the run
+				if took > 0 {
+					f.lines = lineOf(run[took-1])
+				}
+			}
+			if errors.Is(err, ErrStop) {
+				return true, nil
+			}
+			return true, err
+		}
+		run = run[:0]
+		if err := ctx.Err(); err != nil {
+			return true, err
+		}
+		if end && first {
+			f.lines = n
+		}
+		return end, nil
+	}
 	for {
 		if !first && n == f.lines {
-			return nil
+			_, err := flush(true)
+			return err
 		}
 		var err error
 		line, err = readLine(br, line[:0], f.maxLine)
 		if errors.Is(err, io.EOF) && len(line) == 0 {
-			if first {
-				f.lines = n
-			}
-			return nil
+			_, err := flush(true)
+			return err
 		}
 		n++
 		if errors.Is(err, ErrLineTooLong) {
@@ -135,17 +169,9 @@ func (f *FileSource) Read(ctx context.Context, _ []string, fn func(*kgo.Record) 
 		if perr != nil {
 			return fmt.Errorf("%s line %d: %w", f.name(), n, perr)
 		}
-		if err := fn(r); err != nil {
-			if first {
-				f.lines = n - 1
-			}
-			if errors.Is(err, ErrStop) {
-				return nil
-			}
-			return err
-		}
-		if n&1023 == 0 {
-			if err := ctx.Err(); err != nil {
+		run = append(run, r)
+		if len(run) == fileRun {
+			if done, err := flush(false); done {
 				return err
 			}
 		}

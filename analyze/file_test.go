@@ -16,9 +16,9 @@ import (
 func readAll(t *testing.T, src analyze.Source) []*kgo.Record {
 	t.Helper()
 	var recs []*kgo.Record
-	if err := src.Read(context.Background(), nil, func(r *kgo.Record) error {
-		recs = append(recs, r)
-		return nil
+	if err := src.Read(context.Background(), nil, func(run []*kgo.Record) (int, error) {
+		recs = append(recs, run...)
+		return len(run), nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestFileSourceForms(t *testing.T) {
 func TestFileSourceLineLimit(t *testing.T) {
 	t.Parallel()
 	path := writeFile(t, `{"a":1}`, `{"a":"`+strings.Repeat("x", 200<<10)+`"}`)
-	err := analyze.NewFileSource(path, "t", 100<<10).Read(context.Background(), nil, func(*kgo.Record) error { return nil })
+	err := analyze.NewFileSource(path, "t", 100<<10).Read(context.Background(), nil, func(run []*kgo.Record) (int, error) { return len(run), nil })
 	if err == nil || !strings.Contains(err.Error(), "line 2") || !strings.Contains(err.Error(), "too long") {
 		t.Fatalf("err = %v, want line 2 too long", err)
 	}
@@ -95,13 +95,8 @@ func TestFileSourceRereadsTheSameLines(t *testing.T) {
 	t.Parallel()
 	path := writeFile(t, "a\t1", "b\t2", "c\t3", "d\t4")
 	src := analyze.NewFileSource(path, "t", 1<<20)
-	n := 0
-	if err := src.Read(context.Background(), nil, func(*kgo.Record) error {
-		if n == 2 {
-			return analyze.ErrStop
-		}
-		n++
-		return nil
+	if err := src.Read(context.Background(), nil, func(run []*kgo.Record) (int, error) {
+		return 2, analyze.ErrStop // takes the first two
 	}); err != nil {
 		t.Fatal(err)
 	}

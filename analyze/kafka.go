@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strconv"
 	"time"
 
@@ -131,7 +132,7 @@ func (k *KafkaSource) resolve(ctx context.Context, cl *kgo.Client) error {
 }
 
 // Read reads the span; the first call fixes it (see Source).
-func (k *KafkaSource) Read(ctx context.Context, topics []string, fn func(*kgo.Record) error) error {
+func (k *KafkaSource) Read(ctx context.Context, topics []string, fn func([]*kgo.Record) (int, error)) error {
 	cl, err := kgo.NewClient(k.opts...)
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)
@@ -217,22 +218,25 @@ func (k *KafkaSource) Read(ctx context.Context, topics []string, fn func(*kgo.Re
 							rc.SetOffsets(map[string]map[int32]kgo.EpochOffset{ft.Topic: {fp.Partition: skip}})
 						}
 					}
-					for _, r := range fp.Records {
-						if r.Offset < n {
-							continue
-						}
-						if r.Offset >= end {
-							break
-						}
-						if err := fn(r); err != nil {
-							next[ft.Topic][fp.Partition] = r.Offset
+					// The run: the records from next to the end.
+					recs := fp.Records
+					lo := sort.Search(len(recs), func(i int) bool { return recs[i].Offset >= n })
+					hi := sort.Search(len(recs), func(i int) bool { return recs[i].Offset >= end })
+					if run := recs[lo:max(lo, hi)]; len(run) > 0 {
+						took, err := fn(run)
+						if err != nil {
+							if took < len(run) {
+								next[ft.Topic][fp.Partition] = run[took].Offset
+							} else {
+								next[ft.Topic][fp.Partition] = run[len(run)-1].Offset + 1
+							}
 							stop()
 							if errors.Is(err, ErrStop) {
 								return nil
 							}
 							return err
 						}
-						n = r.Offset + 1
+						n = run[len(run)-1].Offset + 1
 					}
 					// Aborted records and transaction markers leave no
 					// record: the partition is read when its stable end is

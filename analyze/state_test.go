@@ -43,7 +43,8 @@ func memoryPerIdentity(t *testing.T, n int) {
 	d := newDecider(rt, Options{TopEntities: -1})
 	now := time.Now()
 	for i := range recs {
-		d.decide(&recs[i], now, nil)
+		id := d.identify(&recs[i])
+		d.decide(&recs[i], &id, now, nil)
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)

@@ -1068,6 +1068,11 @@ func runAnalyze(o options, res result, broker, in string, full bool) (result, er
 		args = append(args, "--what-if", "0", "--summary-bytes", "0")
 	}
 	cmd := exec.Command(o.damBin, args...)
+	if o.profile != "" {
+		prof := filepath.Join(o.profile, fmt.Sprintf("%s-%d.cpu.pprof", res.variant, time.Now().UnixNano()))
+		cmd.Env = append(os.Environ(), "DAM_TEST_CPUPROFILE="+prof)
+		logf("%s: CPU profile in %s", res.variant, prof)
+	}
 	cmd.Stderr = os.Stderr
 	var out strings.Builder
 	cmd.Stdout = &out
