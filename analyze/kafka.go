@@ -170,6 +170,10 @@ func (k *KafkaSource) Read(ctx context.Context, topics []string, fn func([]*kgo.
 	rc, err := kgo.NewClient(append(slices.Clip(k.opts),
 		kgo.ConsumePartitions(consume),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// A fetch is decided while the next is buffered: franz-go's
+		// default (50 MiB a response, decompressed) held about 1 GB at
+		// once on a backlog, for no speed. The sidecar's size.
+		kgo.FetchMaxBytes(4<<20),
 		// The input is hostile: a batch inflates within the sidecar's
 		// bound (pipeline.max_decompressed_batch_bytes), not 1 GiB.
 		kgo.MaxDecompressBatchBytes(k.maxBatch))...)

@@ -1077,7 +1077,32 @@ func runAnalyze(o options, res result, broker, in string, full bool) (result, er
 	var out strings.Builder
 	cmd.Stdout = &out
 	begin := time.Now()
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
+		return res, fmt.Errorf("dam analyze: %w", err)
+	}
+	// Peak RSS is its VmHWM, sampled until it exits: rusage's maxrss
+	// would count this process's memory (the backlog in kfake), which the
+	// child shares between its fork and its exec.
+	hwm := make(chan int64)
+	stop := make(chan struct{})
+	go func() {
+		var peak int64
+		for {
+			if kb, err := vmHWM(cmd.Process.Pid); err == nil {
+				peak = max(peak, kb)
+			}
+			select {
+			case <-stop:
+				hwm <- peak
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	err := cmd.Wait()
+	close(stop)
+	res.rssKB = <-hwm
+	if err != nil {
 		return res, fmt.Errorf("dam analyze: %w", err)
 	}
 	res.elapsed = time.Since(begin)
@@ -1097,7 +1122,6 @@ func runAnalyze(o options, res result, broker, in string, full bool) (result, er
 	}
 	res.forwarded = rep.Routes[0].Forwarded
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		res.rssKB = ru.Maxrss
 		res.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	logf("%s: %d records in %s (%d passes): %.0f records/s", res.variant, res.records, res.elapsed.Round(time.Millisecond), rep.Passes, res.rate())
