@@ -14,6 +14,9 @@
 //     variants run twice, in both orders (single runs are noisy on a
 //     shared machine, and the order cancels a drift along the benchmark),
 //     and their ratio is taken over all their runs;
+//   - dam-small and dam-pointer-small: dam and dam-pointer on records of
+//     ~190 B (the projection's top-level fields alone), where the pointer
+//     entity's share of a record's cost is larger; compared likewise;
 //   - dam-eos: dam (entity: key) with kafka.delivery: exactly-once, its
 //     rate compared with dam's over all dam's runs;
 //   - dam-analyze: `dam analyze` on the same backlog with the route of dam,
@@ -123,8 +126,8 @@ func main() {
 	flag.DurationVar(&o.steady, "steady", 5*time.Second, "duration of the steady phase")
 	flag.Float64Var(&o.dupRate, "dup-rate", 0.30, "share of records repeating their entity's content")
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $"+envDSN+", else "+defaultDSN+", else a throwaway local cluster)")
-	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-tap,dam-pointer,dam-pointer,dam-tap,dam,dam-base,dam-eos,dam-analyze,dam-analyze-full,dam-single,dam-citus",
-		"variants to run, in order (dam-base: dam built at -base; dam-pointer: dam with entity: /id; the dam variants run in both orders; dam-eos: dam with kafka.delivery: exactly-once; dam-tap: dam with one tap reader attached; dam-analyze: dam analyze reading and deciding the backlog, dam-analyze-full: with its changed paths and what-if runs; dam-citus: dam on a Citus cluster, dam-single: on one server set up as its nodes)")
+	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-tap,dam-pointer,dam-eos,dam-pointer,dam-tap,dam,dam-base,dam-small,dam-pointer-small,dam-pointer-small,dam-small,dam-eos,dam-analyze,dam-analyze-full,dam-single,dam-citus",
+		"variants to run, in order (dam-base: dam built at -base; dam-pointer: dam with entity: /id; dam-small, dam-pointer-small: the same on ~190 B records; the dam variants run in both orders; dam-eos: dam with kafka.delivery: exactly-once; dam-tap: dam with one tap reader attached; dam-analyze: dam analyze reading and deciding the backlog, dam-analyze-full: with its changed paths and what-if runs; dam-citus: dam on a Citus cluster, dam-single: on one server set up as its nodes)")
 	flag.IntVar(&o.citusWorkers, "citus-workers", 2, "workers of dam-citus's Citus cluster")
 	flag.IntVar(&o.citusRecords, "citus-records", 0, "records in the backlog of dam-single and dam-citus (0: -records)")
 	flag.IntVar(&o.citusCachedConns, "citus-cached-conns", 0, "citus.max_cached_conns_per_worker of dam-citus's coordinator (0: Citus's default, 1)")
@@ -663,6 +666,7 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 	adm := kadm.NewClient(prod)
 
 	w := newWorkload(o.entities, o.dupRate)
+	w.small = strings.HasSuffix(variant, "-small")
 	t0 := time.Now()
 	if err := produce(ctx, prod, in, w, n, 0); err != nil {
 		return res, fmt.Errorf("pre-producing: %w", err)
@@ -688,7 +692,7 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 	if isDam(variant) {
 		entity, delivery := "key", "at-least-once"
 		switch variant {
-		case "dam-pointer":
+		case "dam-pointer", "dam-pointer-small":
 			entity = "/id"
 		case "dam-eos":
 			delivery = "exactly-once"
@@ -985,19 +989,24 @@ func printTable(w io.Writer, o options, rs []result) {
 				x, verdict(x <= 4.5), damUS, pgUS, passUS)
 		}
 	}
-	// Over every dam run: the median p99 (one run's p99 is its few
-	// slowest batches, at the mercy of a neighbour) and the highest RSS.
-	var p99s []float64
+	// p99 in the steady phase holds in every at-least-once run of this
+	// version (its worst run is shown), and the highest RSS.
+	var worst result
 	var rss int64
 	for _, r := range rs {
+		switch r.variant {
+		case "dam", "dam-tap", "dam-pointer", "dam-small", "dam-pointer-small":
+			if !math.IsNaN(r.steady.P99) && (worst.variant == "" || r.steady.P99 > worst.steady.P99) {
+				worst = r
+			}
+		}
 		if r.variant == "dam" {
-			p99s = append(p99s, r.steady.P99)
 			rss = max(rss, r.rssKB)
 		}
 	}
-	slices.Sort(p99s)
-	p99 := p99s[len(p99s)/2]
-	fmt.Fprintf(w, "  p99 (steady) <= 20 ms %9s  %s  (median over the dam runs)\n", ms(p99), verdict(p99 <= 0.020))
+	if worst.variant != "" {
+		fmt.Fprintf(w, "  p99 (steady) <= 20 ms %9s  %s  (the worst of every at-least-once dam run: %s)\n", ms(worst.steady.P99), verdict(worst.steady.P99 <= 0.020), worst.variant)
+	}
 	fmt.Fprintf(w, "  peak RSS < 200 MB     %7.1fMB  %s  (highest of the dam runs)\n", float64(rss)/1024, verdict(rss < 200*1024))
 	if o.decideBest > 0 {
 		x := total["dam"].rate() / o.decideBest
@@ -1008,9 +1017,17 @@ func printTable(w io.Writer, o options, rs []result) {
 		x := total["dam"].rate() / b.rate()
 		fmt.Fprintf(w, "  dam >= 1.3x base       %7.2fx  %s  (base: %s, same data, over all their runs)\n", x, verdict(x >= 1.3), shortRev(o.base))
 	}
-	if e, ok := byName["dam-eos"]; ok {
-		x := e.rate() / total["dam"].rate()
-		fmt.Fprintf(w, "  exactly-once >= 0.7x at-least-once %5.2fx  %s  (kfake's transactions are far cheaper than a real cluster's)\n", x, verdict(x >= 0.7))
+	if _, ok := byName["dam-eos"]; ok {
+		// Every exactly-once run against at-least-once over all its runs:
+		// the worst is shown.
+		x, p99 := math.Inf(1), 0.0
+		for _, r := range rs {
+			if r.variant == "dam-eos" {
+				x = min(x, r.rate()/total["dam"].rate())
+				p99 = max(p99, r.steady.P99)
+			}
+		}
+		fmt.Fprintf(w, "  exactly-once >= 0.9x at-least-once %5.2fx  %s  (its worst run, vs dam over all its runs; p99 steady %s)\n", x, verdict(x >= 0.9), ms(p99))
 	}
 	if a, ok := byName[variantAnalyze]; ok {
 		x := a.rate() / total["dam"].rate()
@@ -1028,16 +1045,23 @@ func printTable(w io.Writer, o options, rs []result) {
 		fmt.Fprintf(w, "  tap reader >= 0.95x none %5.2fx  %s  (dam-tap, one tap reader attached, vs dam, same data, over all their runs; it read %d decisions, lost %d)\n",
 			x, verdict(x >= 0.95), read, lost)
 	}
-	if p, ok := total["dam-pointer"]; ok {
-		d := total["dam"]
+	for _, size := range []struct{ key, pointer, what string }{
+		{"dam", "dam-pointer", "~500 B"},
+		{"dam-small", "dam-pointer-small", "~190 B"},
+	} {
+		p, ok := total[size.pointer]
+		d, dok := total[size.key]
+		if !ok || !dok {
+			continue
+		}
 		x := p.rate() / d.rate()
-		fmt.Fprintf(w, "  entity /id >= 0.9x key %7.2fx  %s  (dam-pointer vs dam, same data, over all their runs)\n", x, verdict(x >= 0.9))
+		fmt.Fprintf(w, "  entity /id >= 0.9x key %7.2fx  %s  (%s records: %s vs %s, same data, over all their runs)\n", x, verdict(x >= 0.9), size.what, size.pointer, size.key)
 		// CPU per record is steadier than a rate on a busy machine.
 		perRecord := func(r result) float64 {
 			return float64(r.cpu.Microseconds()) / float64(r.records+r.steadyN)
 		}
-		fmt.Fprintf(w, "  dam CPU per record: entity key %.1f µs, entity /id %.1f µs (%.2fx)\n",
-			perRecord(d), perRecord(p), perRecord(p)/perRecord(d))
+		fmt.Fprintf(w, "  dam CPU per record (%s): entity key %.1f µs, entity /id %.1f µs (%.2fx)\n",
+			size.what, perRecord(d), perRecord(p), perRecord(p)/perRecord(d))
 	}
 }
 

@@ -16,6 +16,7 @@ type workload struct {
 	rng     *rand.Rand
 	version []uint32 // per entity: current content version, 0 = not seen
 	dupRate float64
+	small   bool // ~190 B values: the projection's top-level fields alone
 	buf     bytes.Buffer
 }
 
@@ -68,6 +69,18 @@ func (w *workload) render(e int, id string, v uint32, order uint64) []byte {
 		}
 	}
 	ripeness := []string{"Green", "Mostly Green", "Mostly Yellow", "Yellow", "Spotted", "Brown"}
+	if w.small {
+		obj([]member{
+			{"id", str(id)},
+			{"banana_id", str(fmt.Sprintf("B-%06d", e))},
+			{"name", str(fmt.Sprintf("Banana %d", e))},
+			{"ripeness_level", str(ripeness[c.IntN(len(ripeness))])},
+			{"version", num(int(v))},
+			{"active", lit(strconv.FormatBool(c.IntN(2) == 0))},
+			{"origin", obj([]member{{"country", str("EC")}, {"farm", str(fmt.Sprintf("Finca %d", c.IntN(50)))}})},
+		})()
+		return bytes.Clone(b.Bytes())
+	}
 	items := c.IntN(2) + 2
 	itemVals := make([]func(), items)
 	for i := range itemVals {
