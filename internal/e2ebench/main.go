@@ -552,6 +552,19 @@ func scrape(addr string) (histogram, error) {
 	return parseHistogram(string(body), histName), nil
 }
 
+func scrapeHist(addr, name string) (histogram, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return histogram{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return histogram{}, err
+	}
+	return parseHistogram(string(body), name), nil
+}
+
 // vmHWM returns the process's peak resident set size in kB.
 func vmHWM(pid int) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -802,6 +815,7 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 		return res, fmt.Errorf("scrape: %w", err)
 	}
 	res.backlog = h0.quantiles()
+	d0, _ := scrapeHist(httpAddr, "dam_decision_seconds")
 
 	// Steady phase: produce live at the fixed rate, continuing the stream.
 	res.steadyN = int(float64(o.rate) * o.steady.Seconds())
@@ -821,6 +835,10 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 			return res, fmt.Errorf("scrape: %w", err)
 		}
 		res.steady = h1.sub(h0).quantiles()
+		if d1, err := scrapeHist(httpAddr, "dam_decision_seconds"); err == nil {
+			q := d1.sub(d0).quantiles()
+			logf("%s: steady: decide transactions (per batch) p50 %s p99 %s max bucket %s", variant, ms(q.P50), ms(q.P99), ms(d1.sub(d0).quantile(1)))
+		}
 	}
 	if res.rssKB, err = vmHWM(cmd.Process.Pid); err != nil {
 		return res, err
