@@ -269,8 +269,10 @@ func (t *Tap) publish(v tapView, how tapAdmission) {
 			r.lost.Add(r.f.count(v))
 			continue
 		}
-		room := min(int(r.take(now, float64(n))), tapBufferEvents-int(r.queued.Load()))
-		out := make([]TapEvent, 0, max(0, min(n, room)))
+		// Tokens for what the buffer has room for, no more: what it has
+		// no room for is lost without costing the reader its rate.
+		room := int(r.take(now, float64(min(n, tapBufferEvents-int(r.queued.Load())))))
+		out := make([]TapEvent, 0, room)
 		var lost int64
 		var ents []byte // the events' entities, one allocation or a few
 		for i := range n {
@@ -297,6 +299,7 @@ func (t *Tap) publish(v tapView, how tapAdmission) {
 				r.queued.Add(int64(len(out)))
 			default:
 				lost += int64(len(out))
+				r.giveBack(float64(len(out)))
 			}
 		}
 		if lost > 0 {

@@ -249,3 +249,56 @@ func timeout(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// forwards is a decided batch of n forwards of service s.
+func forwards(s string, n int) eventsView {
+	outcomes := make([]string, n)
+	for i := range outcomes {
+		outcomes[i] = "forwarded"
+	}
+	return tapEvents(s, outcomes...)
+}
+
+// A reader's tokens pay only for the decisions it receives: those its
+// buffer has no room for cost it none, so that once it has read them it
+// receives its full rate again.
+func TestTapTokensPayOnlyForDecisionsReceived(t *testing.T) {
+	tp := newTap(1)
+	r, err := tp.Subscribe(TapFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.mu.Lock()
+	r.refilled = time.Now().Add(time.Hour) // no refill: the tokens are what publish leaves
+	r.mu.Unlock()
+	tokens := func() int { return int(r.room(time.Now())) }
+
+	// The buffer's events nearly full: of 1000 more, 10 fit.
+	fill := tapBufferEvents - 10
+	tp.publish(forwards("s", fill), tapBuild)
+	tp.publish(forwards("s", 1000), tapBuild)
+	if got, want := tokens(), TapMaxRate-fill-10; got != want {
+		t.Errorf("tokens %d after %d decisions received, want %d", got, fill+10, want)
+	}
+	// The buffer's batches full: a batch more is lost, its tokens kept.
+	got, lost := 0, int64(0)
+	for got+int(lost) < fill+1000 {
+		evs, l, err := r.Next(timeout(t, 5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, lost = got+len(evs), lost+l
+	}
+	if got != fill+10 {
+		t.Fatalf("received %d, want %d", got, fill+10)
+	}
+	for range tapBufferBatches {
+		tp.publish(forwards("s", 1), tapBuild)
+	}
+	before := tokens()
+	tp.publish(forwards("s", 5), tapBuild)
+	if after := tokens(); after != before {
+		t.Errorf("tokens %d, then %d after a batch the reader's full buffer refused", before, after)
+	}
+}
