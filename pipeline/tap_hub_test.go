@@ -259,6 +259,51 @@ func forwards(s string, n int) eventsView {
 	return tapEvents(s, outcomes...)
 }
 
+// A reader is told of what it loses as it loses it: a batch the tap only
+// counts (no reader had room for it), or one published while the reader
+// attached after the tap was asked about it, wakes the reader with the
+// count, without waiting for decisions that may never come.
+func TestTapReportsLossesAsTheyHappen(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		before bool // the reader attaches before admit
+		force  tapAdmission
+	}{
+		{"a counted batch", true, tapCount},
+		{"attached between admit and publish", false, tapNone},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tp := newTap(1)
+			var r *TapReader
+			subscribe := func() {
+				var err error
+				if r, err = tp.Subscribe(TapFilter{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c.before {
+				subscribe()
+				defer r.Close()
+			}
+			how := tp.admit("s", tapRecords(5, "e"))
+			if c.before {
+				how = c.force // as a reader over its rate has it
+			} else {
+				subscribe()
+				defer r.Close()
+			}
+			if how != c.force {
+				t.Fatalf("admitted %v, want %v", how, c.force)
+			}
+			tp.publish(forwards("s", 5), how)
+			evs, lost, err := r.Next(timeout(t, 5*time.Second))
+			if err != nil || len(evs) != 0 || lost != 5 {
+				t.Fatalf("%d events, %d lost, %v: want 5 lost, told at once", len(evs), lost, err)
+			}
+		})
+	}
+}
+
 // A reader's tokens pay only for the decisions it receives: those its
 // buffer has no room for cost it none, so that once it has read them it
 // receives its full rate again.
