@@ -277,9 +277,11 @@ func (t *Tap) publish(v tapView, how tapAdmission) {
 			r.lose(r.f.count(v))
 			continue
 		}
-		// Tokens for what the buffer has room for, no more: what it has
-		// no room for is lost without costing the reader its rate.
-		room := int(r.take(now, float64(min(n, tapBufferEvents-int(r.queued.Load())))))
+		// Built: what the reader selects, up to its tokens and its
+		// buffer's room. The tokens are taken for what is built, once
+		// built: held meanwhile, they would be lost to a batch the
+		// reader selects, published at the same time.
+		room := max(0, min(n, tapBufferEvents-int(r.queued.Load()), int(r.room(now))))
 		out := make([]TapEvent, 0, room)
 		var lost int64
 		var ents []byte // the events' entities, one allocation or a few
@@ -300,7 +302,10 @@ func (t *Tap) publish(v tapView, how tapAdmission) {
 			}
 			out = append(out, e)
 		}
-		r.giveBack(float64(room - len(out)))
+		if got := int(r.take(now, float64(len(out)))); got < len(out) {
+			lost += int64(len(out) - got) // taken meanwhile by another batch
+			out = out[:got]
+		}
 		if len(out) > 0 {
 			select {
 			case r.ch <- out:

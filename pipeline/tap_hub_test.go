@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -345,5 +346,48 @@ func TestTapTokensPayOnlyForDecisionsReceived(t *testing.T) {
 	tp.publish(forwards("s", 5), tapBuild)
 	if after := tokens(); after != before {
 		t.Errorf("tokens %d, then %d after a batch the reader's full buffer refused", before, after)
+	}
+}
+
+// blockingView is a batch being published that waits, at its first
+// event, for release: another batch is published meanwhile.
+type blockingView struct {
+	eventsView
+	once             sync.Once
+	started, release chan struct{}
+}
+
+func (v *blockingView) event(i int, e *TapEvent) {
+	v.once.Do(func() { close(v.started); <-v.release })
+	v.eventsView.event(i, e)
+}
+
+// A reader's tokens go to the decisions it selects: a batch it does not
+// select (another service's), while it is being published, holds none of
+// them, and the reader receives what it selects of a batch published
+// meanwhile, within its rate.
+func TestTapTokensGoToTheDecisionsSelected(t *testing.T) {
+	tp := newTap(1)
+	r, err := tp.Subscribe(TapFilter{Service: "mine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.mu.Lock()
+	r.tokens, r.refilled = 4000, time.Now().Add(time.Hour) // 4000 left, no refill
+	r.mu.Unlock()
+	other := &blockingView{eventsView: forwards("other", tapBufferEvents), started: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tp.publish(other, tapBuild)
+	}()
+	<-other.started
+	tp.publish(forwards("mine", 10), tapBuild)
+	close(other.release)
+	<-done
+	evs, lost, err := r.Next(timeout(t, 5*time.Second))
+	if err != nil || len(evs) != 10 || lost != 0 {
+		t.Fatalf("%d events, %d lost, %v: want the 10 selected, within the reader's rate", len(evs), lost, err)
 	}
 }
