@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -207,5 +209,104 @@ func TestKafkaUndecompressableBatch(t *testing.T) {
 	r := rep.Routes[0]
 	if rep.Records != 4 || r.DeadLetters != 3 || r.Forwarded != 1 || len(r.BadRecords) != 1 || r.BadRecords[0].Reason != pipeline.ErrUndecompressable.Error() {
 		t.Fatalf("records %d, dead letters %d %+v, forwarded %d", rep.Records, r.DeadLetters, r.BadRecords, r.Forwarded)
+	}
+}
+
+// pastHook counts the records a client buffers at or past an offset.
+type pastHook struct {
+	from int64
+	n    atomic.Int64
+}
+
+func (h *pastHook) OnFetchRecordBuffered(r *kgo.Record) {
+	if r.Offset >= h.from {
+		h.n.Add(1)
+	}
+}
+
+// TestKafkaReadsToTheEndOfItsSpan: a partition whose last offsets hold no
+// record (a transaction's marker, an aborted transaction) is read to its
+// end, and the analysis ends; one stopped (--max-records) at a record
+// after a gap in the offsets (compaction's) fixes its span at the records
+// it took, and its what-if runs read no further (not the rest of the
+// partition, and not forever).
+func TestKafkaReadsToTheEndOfItsSpan(t *testing.T) {
+	t.Parallel()
+	// The entity is /id: compaction, by Kafka key, leaves every record
+	// but a superseded x.
+	value := func(i int) []byte { return fmt.Appendf(nil, `{"id":"e%d","b":%d}`, i%2, i%3) }
+	txn := func(t *testing.T, kc *testkafka.Cluster, commit kgo.TransactionEndTry, keys ...string) {
+		tx := kc.Client(kgo.TransactionalID("analyze-"+t.Name()), kgo.ProducerLinger(0))
+		if err := tx.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for i, k := range keys {
+			if err := tx.ProduceSync(context.Background(), &kgo.Record{Topic: "t", Key: []byte(k), Value: value(i)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.EndTransaction(context.Background(), commit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// produce produces a record a batch.
+	produce := func(t *testing.T, kc *testkafka.Cluster, keys ...string) {
+		cl := kc.Client(kgo.ProducerLinger(0))
+		for i, k := range keys {
+			if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: "t", Key: []byte(k), Value: value(i)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	const tail = 200
+	tailKeys := make([]string, tail)
+	for i := range tailKeys {
+		tailKeys[i] = fmt.Sprintf("t%d", i)
+	}
+	for _, c := range []struct {
+		name    string
+		input   func(t *testing.T, kc *testkafka.Cluster)
+		o       analyze.Options
+		records int64
+		past    int64 // the first offset past the span
+	}{
+		{"a transaction's marker last", func(t *testing.T, kc *testkafka.Cluster) {
+			txn(t, kc, kgo.TryCommit, "k0", "k1", "k0")
+		}, analyze.Options{}, 3, -1},
+		{"an aborted transaction last", func(t *testing.T, kc *testkafka.Cluster) {
+			txn(t, kc, kgo.TryCommit, "k0", "k1", "k0")
+			txn(t, kc, kgo.TryAbort, "k0", "k2")
+		}, analyze.Options{}, 3, -1},
+		{"a stop after a compacted gap", func(t *testing.T, kc *testkafka.Cluster) {
+			produce(t, kc, "k0", "k1", "k2", "k3", "k4", "x") // x at 5, superseded by x at 6
+			produce(t, kc, append([]string{"x"}, tailKeys...)...)
+			kc.Compact()
+		}, analyze.Options{MaxRecords: 5}, 5, 6},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1)
+			kc.CreateTopic("t", 1, "cleanup.policy", "compact")
+			c.input(t, kc)
+			h := &pastHook{from: c.past}
+			opts := []kgo.Opt{kgo.SeedBrokers(kc.Addr()), kgo.WithHooks(h), kgo.FetchMaxWait(100 * time.Millisecond)}
+			if c.past >= 0 { // a batch a fetch, to count those past the span
+				opts = append(opts, kgo.FetchMaxBytes(1), kgo.FetchMaxPartitionBytes(1))
+			}
+			src := analyze.NewKafkaSource(opts, []string{"t"}, analyze.Start{}, 1<<20)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			rep, err := analyze.Run(ctx, src, []config.Route{routeOf(t, func(r *config.Route) { r.Entity = "/id" })}, c.o)
+			if err != nil {
+				t.Fatalf("the analysis does not end: %v", err)
+			}
+			if rep.Records != c.records || rep.Passes < 2 {
+				t.Fatalf("records %d, passes %d: want %d and what-if runs", rep.Records, rep.Passes, c.records)
+			}
+			// Each pass may fetch a batch or two past the span.
+			if n := h.n.Load(); c.past >= 0 && n > tail/2 {
+				t.Fatalf("%d records past the span read, of the %d after it", n, tail)
+			}
+		})
 	}
 }

@@ -144,10 +144,28 @@ func (f *FileSource) Read(ctx context.Context, _ []string, fn func([]*kgo.Record
 		}
 		return end, nil
 	}
+	// fail ends the reading at a line that cannot be read, once fn has
+	// had the records before it: fn may stop before the line, and the
+	// reading then ends as if the input had.
+	fail := func(err error) error {
+		if done, ferr := flush(false); done {
+			return ferr
+		}
+		return err
+	}
+	live := isLive(in)
 	for {
 		if !first && n == f.lines {
 			_, err := flush(true)
 			return err
+		}
+		// Input that arrives as it is written (a pipe): the records read
+		// go to fn before the reading waits for more, which may never
+		// come, while fn would stop before it.
+		if live && len(run) > 0 && !lineBuffered(br) {
+			if done, err := flush(false); done {
+				return err
+			}
 		}
 		var err error
 		line, err = readLine(br, line[:0], f.maxLine)
@@ -157,17 +175,17 @@ func (f *FileSource) Read(ctx context.Context, _ []string, fn func([]*kgo.Record
 		}
 		n++
 		if errors.Is(err, ErrLineTooLong) {
-			return fmt.Errorf("%s line %d: %w (over %d bytes)", f.name(), n, err, f.maxLine)
+			return fail(fmt.Errorf("%s line %d: %w (over %d bytes)", f.name(), n, err, f.maxLine))
 		}
 		if err != nil && !errors.Is(err, io.EOF) {
-			return err
+			return fail(err)
 		}
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
 		r, perr := f.parse(line, n)
 		if perr != nil {
-			return fmt.Errorf("%s line %d: %w", f.name(), n, perr)
+			return fail(fmt.Errorf("%s line %d: %w", f.name(), n, perr))
 		}
 		run = append(run, r)
 		if len(run) == fileRun {
@@ -176,6 +194,25 @@ func (f *FileSource) Read(ctx context.Context, _ []string, fn func([]*kgo.Record
 			}
 		}
 	}
+}
+
+// isLive reports whether in may be waiting for input still to be written
+// (a pipe, a terminal), unlike a regular file, read as fast as it is
+// asked.
+func isLive(in io.Reader) bool {
+	if st, ok := in.(interface{ Stat() (os.FileInfo, error) }); ok {
+		if fi, err := st.Stat(); err == nil && fi.Mode().IsRegular() {
+			return false
+		}
+	}
+	return true
+}
+
+// lineBuffered reports whether br holds a whole line: reading it does not
+// wait for the input.
+func lineBuffered(br *bufio.Reader) bool {
+	b, _ := br.Peek(br.Buffered())
+	return bytes.IndexByte(b, '\n') >= 0
 }
 
 func (f *FileSource) name() string {

@@ -2,14 +2,18 @@ package analyze_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/analyze"
+	"github.com/dam-dedup/dam/config"
 )
 
 // readAll reads a source once and returns its records.
@@ -102,5 +106,71 @@ func TestFileSourceRereadsTheSameLines(t *testing.T) {
 	}
 	if again := readAll(t, src); len(again) != 2 || string(again[1].Key) != "b" {
 		t.Fatalf("the second read passed %d records, want the first 2", len(again))
+	}
+}
+
+// TestFileStopsBeforeWhatItDoesNotRead: an analysis that stops (at
+// --max-records or at the identity limit) before a line it cannot read
+// (too long, a malformed envelope) ends without error, as it would had
+// the file ended there: the lines past the stop are never read, and the
+// what-if runs read the records the first pass took.
+func TestFileStopsBeforeWhatItDoesNotRead(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		bad  string
+		o    analyze.Options
+	}{
+		{"max records, a long line", `{"a":"` + strings.Repeat("x", 2<<10) + `"}`, analyze.Options{MaxRecords: 4}},
+		{"max records, a bad envelope", `{"topic":"t","partition":0,"offset":9,"payload":7}`, analyze.Options{MaxRecords: 4}},
+		{"identity limit, a long line", `{"a":"` + strings.Repeat("x", 2<<10) + `"}`, analyze.Options{MaxIdentities: 2}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			lines := []string{`k1	{"a":1,"b":1}`, `k1	{"a":1,"b":2}`, `k2	{"a":1,"b":1}`, `k1	{"a":1,"b":2}`, `k3	{"a":1}`, `k1	{"a":1}`, c.bad}
+			rep, err := analyze.Run(context.Background(), analyze.NewFileSource(writeFile(t, lines...), "t", 1<<10), []config.Route{routeOf(t, nil)}, c.o)
+			if err != nil {
+				t.Fatalf("an analysis stopped before line 7 fails on it: %v", err)
+			}
+			if rep.Records != 4 || rep.Stopped == "" {
+				t.Fatalf("records %d, stopped %q: want 4 and a stop", rep.Records, rep.Stopped)
+			}
+			for _, p := range rep.Routes[0].Churn.Paths {
+				if p.WhatIf == nil || p.WhatIf.Error != "" || p.WhatIf.Dropped > rep.Records {
+					t.Errorf("%s: what-if %+v", p.Path, p.WhatIf)
+				}
+			}
+		})
+	}
+}
+
+// TestStandardInputStopsWithoutWaitingForMore: from standard input (a
+// pipe whose writer is still there, as `kcat -C` without -e is), an
+// analysis that reaches --max-records ends, without waiting for lines
+// past it that may never come.
+func TestStandardInputStopsWithoutWaitingForMore(t *testing.T) {
+	t.Parallel()
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go func() { _, _ = io.WriteString(pw, "k1\t{\"a\":1}\nk1\t{\"a\":1}\nk2\t{\"a\":2}\n") }()
+	done := make(chan error, 1)
+	var rep *analyze.Report
+	go func() {
+		var err error
+		rep, err = analyze.Run(context.Background(), analyze.NewReaderSource(pr, "t", 1<<20), []config.Route{routeOf(t, nil)}, analyze.Options{MaxRecords: 2})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Records != 2 || rep.Routes[0].Dropped != 1 {
+			t.Fatalf("records %d, dropped %d: want 2 and 1", rep.Records, rep.Routes[0].Dropped)
+		}
+	case <-time.After(10 * time.Second):
+		pw.CloseWithError(errors.New("the analysis waited for input past --max-records"))
+		<-done
+		t.Fatal("the analysis waited for input past --max-records")
 	}
 }

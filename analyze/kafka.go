@@ -174,6 +174,10 @@ func (k *KafkaSource) Read(ctx context.Context, topics []string, fn func([]*kgo.
 		// default (50 MiB a response, decompressed) held about 1 GB at
 		// once on a backlog, for no speed. The sidecar's size.
 		kgo.FetchMaxBytes(4<<20),
+		// A transaction's marker holds an offset, and so ends a
+		// partition written transactionally: kept, it says where the
+		// reading is (a fetch of nothing is never polled).
+		kgo.KeepControlRecords(),
 		// The input is hostile: a batch inflates within the sidecar's
 		// bound (pipeline.max_decompressed_batch_bytes), not 1 GiB.
 		kgo.MaxDecompressBatchBytes(k.maxBatch))...)
@@ -222,17 +226,27 @@ func (k *KafkaSource) Read(ctx context.Context, topics []string, fn func([]*kgo.
 							rc.SetOffsets(map[string]map[int32]kgo.EpochOffset{ft.Topic: {fp.Partition: skip}})
 						}
 					}
-					// The run: the records from next to the end.
+					// The run: the records from next to the end, the
+					// markers left out.
 					recs := fp.Records
 					lo := sort.Search(len(recs), func(i int) bool { return recs[i].Offset >= n })
 					hi := sort.Search(len(recs), func(i int) bool { return recs[i].Offset >= end })
-					if run := recs[lo:max(lo, hi)]; len(run) > 0 {
+					span := recs[lo:max(lo, hi)]
+					run := span
+					if slices.ContainsFunc(span, isControl) {
+						run = slices.DeleteFunc(slices.Clone(span), isControl)
+					}
+					if len(run) > 0 {
 						took, err := fn(run)
 						if err != nil {
-							if took < len(run) {
-								next[ft.Topic][fp.Partition] = run[took].Offset
+							// The span ends after the last record taken,
+							// not at the next one: the offsets between
+							// (compacted, a marker) are read again to
+							// know that the end is reached.
+							if took > 0 {
+								next[ft.Topic][fp.Partition] = run[took-1].Offset + 1
 							} else {
-								next[ft.Topic][fp.Partition] = run[len(run)-1].Offset + 1
+								next[ft.Topic][fp.Partition] = n
 							}
 							stop()
 							if errors.Is(err, ErrStop) {
@@ -240,7 +254,9 @@ func (k *KafkaSource) Read(ctx context.Context, topics []string, fn func([]*kgo.
 							}
 							return err
 						}
-						n = run[len(run)-1].Offset + 1
+					}
+					if len(span) > 0 {
+						n = span[len(span)-1].Offset + 1
 					}
 					// Aborted records and transaction markers leave no
 					// record: the partition is read when its stable end is
@@ -258,6 +274,8 @@ func (k *KafkaSource) Read(ctx context.Context, topics []string, fn func([]*kgo.
 	}
 	return nil
 }
+
+func isControl(r *kgo.Record) bool { return r.Attrs.IsControl() }
 
 // undecompressableRecords handles a partition's fetch error: a batch past
 // the decompression bound becomes records standing for its offsets from

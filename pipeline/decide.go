@@ -225,7 +225,7 @@ func (w *worker) decideBatch(recs []*kgo.Record, polled time.Time, catchUp bool)
 			j.counts[outcomeOf(decisions[i])]++
 		}
 	}
-	if tap != tapNone {
+	if tap != tapNone || w.d.tap.active() { // a reader attached since admit: it is told of the batch as lost
 		w.tap(tap, recs, b, decisions, undecided, causes)
 	}
 	return w.emit(j)

@@ -69,6 +69,11 @@ const TapMaxRate = 10000
 // runs of consecutive decisions about ten times a second.
 const tapAdmitTokens = TapMaxRate / 10
 
+// tapLostEvery is the least time between two reports of losses alone
+// (no decision with them): a reader over its rate is told of what it
+// loses as it loses it, in a line at most this often, not one a batch.
+const tapLostEvery = 100 * time.Millisecond
+
 // tapEntityMax bounds the entity bytes a tapped decision keeps (a key is
 // producer-controlled): a longer one is cut (TapEvent.EntityCut).
 const tapEntityMax = 256
@@ -179,7 +184,7 @@ func (t *Tap) Subscribe(f TapFilter) (*TapReader, error) {
 	if f.Sample >= 1 || f.Sample < 0 {
 		f.Sample = 0
 	}
-	r := &TapReader{t: t, f: f, ch: make(chan []TapEvent, tapBufferBatches), done: make(chan struct{}),
+	r := &TapReader{t: t, f: f, ch: make(chan []TapEvent, tapBufferBatches), wake: make(chan struct{}, 1), done: make(chan struct{}),
 		tokens: TapMaxRate, refilled: time.Now()}
 	t.subs[r] = struct{}{}
 	t.readers.Store(int32(len(t.subs)))
@@ -254,10 +259,13 @@ type tapView interface {
 // waiting. Admitted (tapBuild), each reader gets what it selects, up to
 // its tokens and its buffer's room, as events of its own; the rest of
 // what it selects is lost for it. Not admitted, every decision a reader
-// selects is lost for it.
+// selects is lost for it: a reader attached since admit (tapNone) too.
 func (t *Tap) publish(v tapView, how tapAdmission) {
 	if how == tapNone {
-		return
+		if !t.active() {
+			return
+		}
+		how = tapCount
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -266,11 +274,15 @@ func (t *Tap) publish(v tapView, how tapAdmission) {
 	var e TapEvent
 	for r := range t.subs {
 		if how == tapCount || r.queued.Load() >= tapBufferEvents {
-			r.lost.Add(r.f.count(v))
+			r.lose(r.f.count(v))
 			continue
 		}
-		room := min(int(r.take(now, float64(n))), tapBufferEvents-int(r.queued.Load()))
-		out := make([]TapEvent, 0, max(0, min(n, room)))
+		// Built: what the reader selects, up to its tokens and its
+		// buffer's room. The tokens are taken for what is built, once
+		// built: held meanwhile, they would be lost to a batch the
+		// reader selects, published at the same time.
+		room := max(0, min(n, tapBufferEvents-int(r.queued.Load()), int(r.room(now))))
+		out := make([]TapEvent, 0, room)
 		var lost int64
 		var ents []byte // the events' entities, one allocation or a few
 		for i := range n {
@@ -290,18 +302,20 @@ func (t *Tap) publish(v tapView, how tapAdmission) {
 			}
 			out = append(out, e)
 		}
-		r.giveBack(float64(room - len(out)))
+		if got := int(r.take(now, float64(len(out)))); got < len(out) {
+			lost += int64(len(out) - got) // taken meanwhile by another batch
+			out = out[:got]
+		}
 		if len(out) > 0 {
 			select {
 			case r.ch <- out:
 				r.queued.Add(int64(len(out)))
 			default:
 				lost += int64(len(out))
+				r.giveBack(float64(len(out)))
 			}
 		}
-		if lost > 0 {
-			r.lost.Add(lost)
-		}
+		r.lose(lost)
 	}
 }
 
@@ -327,8 +341,10 @@ type TapReader struct {
 	t      *Tap
 	f      TapFilter
 	ch     chan []TapEvent
-	queued atomic.Int64 // decisions buffered
-	lost   atomic.Int64 // selected decisions lost, not yet reported
+	queued atomic.Int64  // decisions buffered
+	lost   atomic.Int64  // selected decisions lost, not yet reported
+	wake   chan struct{} // a loss to report, when no batch may follow
+	lostAt time.Time     // Next's last report of losses alone
 	done   chan struct{}
 	once   sync.Once
 	// tokens is the reader's budget of decisions (TapMaxRate a second,
@@ -374,6 +390,19 @@ func (r *TapReader) giveBack(n float64) {
 	r.mu.Unlock()
 }
 
+// lose counts n selected decisions lost, and wakes Next to report them:
+// no batch may come after to carry the count.
+func (r *TapReader) lose(n int64) {
+	if n <= 0 {
+		return
+	}
+	r.lost.Add(n)
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
 func (r *TapReader) end() { r.once.Do(func() { close(r.done) }) }
 
 // Close detaches the reader.
@@ -397,6 +426,21 @@ func (r *TapReader) Next(ctx context.Context) ([]TapEvent, int64, error) {
 		var evs []TapEvent
 		select {
 		case evs = <-r.ch:
+		case <-r.wake:
+			select {
+			case evs = <-r.ch: // a batch buffered carries the count
+			default:
+				// A loss alone: told at most every tapLostEvery, with
+				// what is lost meanwhile; sooner with a batch.
+				wait := time.NewTimer(time.Until(r.lostAt.Add(tapLostEvery)))
+				select {
+				case evs = <-r.ch:
+				case <-wait.C:
+				case <-ctx.Done():
+				case <-r.done:
+				}
+				wait.Stop()
+			}
 		case <-ctx.Done():
 			return nil, r.lost.Swap(0), ctx.Err()
 		case <-r.done:
@@ -408,6 +452,9 @@ func (r *TapReader) Next(ctx context.Context) ([]TapEvent, int64, error) {
 		}
 		r.queued.Add(-int64(len(evs)))
 		if lost := r.lost.Swap(0); len(evs) > 0 || lost > 0 {
+			if len(evs) == 0 {
+				r.lostAt = time.Now()
+			}
 			return evs, lost, nil
 		}
 	}

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -248,4 +249,145 @@ func timeout(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// forwards is a decided batch of n forwards of service s.
+func forwards(s string, n int) eventsView {
+	outcomes := make([]string, n)
+	for i := range outcomes {
+		outcomes[i] = "forwarded"
+	}
+	return tapEvents(s, outcomes...)
+}
+
+// A reader is told of what it loses as it loses it: a batch the tap only
+// counts (no reader had room for it), or one published while the reader
+// attached after the tap was asked about it, wakes the reader with the
+// count, without waiting for decisions that may never come.
+func TestTapReportsLossesAsTheyHappen(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		before bool // the reader attaches before admit
+		force  tapAdmission
+	}{
+		{"a counted batch", true, tapCount},
+		{"attached between admit and publish", false, tapNone},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tp := newTap(1)
+			var r *TapReader
+			subscribe := func() {
+				var err error
+				if r, err = tp.Subscribe(TapFilter{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c.before {
+				subscribe()
+				defer r.Close()
+			}
+			how := tp.admit("s", tapRecords(5, "e"))
+			if c.before {
+				how = c.force // as a reader over its rate has it
+			} else {
+				subscribe()
+				defer r.Close()
+			}
+			if how != c.force {
+				t.Fatalf("admitted %v, want %v", how, c.force)
+			}
+			tp.publish(forwards("s", 5), how)
+			evs, lost, err := r.Next(timeout(t, 5*time.Second))
+			if err != nil || len(evs) != 0 || lost != 5 {
+				t.Fatalf("%d events, %d lost, %v: want 5 lost, told at once", len(evs), lost, err)
+			}
+		})
+	}
+}
+
+// A reader's tokens pay only for the decisions it receives: those its
+// buffer has no room for cost it none, so that once it has read them it
+// receives its full rate again.
+func TestTapTokensPayOnlyForDecisionsReceived(t *testing.T) {
+	tp := newTap(1)
+	r, err := tp.Subscribe(TapFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.mu.Lock()
+	r.refilled = time.Now().Add(time.Hour) // no refill: the tokens are what publish leaves
+	r.mu.Unlock()
+	tokens := func() int { return int(r.room(time.Now())) }
+
+	// The buffer's events nearly full: of 1000 more, 10 fit.
+	fill := tapBufferEvents - 10
+	tp.publish(forwards("s", fill), tapBuild)
+	tp.publish(forwards("s", 1000), tapBuild)
+	if got, want := tokens(), TapMaxRate-fill-10; got != want {
+		t.Errorf("tokens %d after %d decisions received, want %d", got, fill+10, want)
+	}
+	// The buffer's batches full: a batch more is lost, its tokens kept.
+	got, lost := 0, int64(0)
+	for got+int(lost) < fill+1000 {
+		evs, l, err := r.Next(timeout(t, 5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, lost = got+len(evs), lost+l
+	}
+	if got != fill+10 {
+		t.Fatalf("received %d, want %d", got, fill+10)
+	}
+	for range tapBufferBatches {
+		tp.publish(forwards("s", 1), tapBuild)
+	}
+	before := tokens()
+	tp.publish(forwards("s", 5), tapBuild)
+	if after := tokens(); after != before {
+		t.Errorf("tokens %d, then %d after a batch the reader's full buffer refused", before, after)
+	}
+}
+
+// blockingView is a batch being published that waits, at its first
+// event, for release: another batch is published meanwhile.
+type blockingView struct {
+	eventsView
+	once             sync.Once
+	started, release chan struct{}
+}
+
+func (v *blockingView) event(i int, e *TapEvent) {
+	v.once.Do(func() { close(v.started); <-v.release })
+	v.eventsView.event(i, e)
+}
+
+// A reader's tokens go to the decisions it selects: a batch it does not
+// select (another service's), while it is being published, holds none of
+// them, and the reader receives what it selects of a batch published
+// meanwhile, within its rate.
+func TestTapTokensGoToTheDecisionsSelected(t *testing.T) {
+	tp := newTap(1)
+	r, err := tp.Subscribe(TapFilter{Service: "mine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.mu.Lock()
+	r.tokens, r.refilled = 4000, time.Now().Add(time.Hour) // 4000 left, no refill
+	r.mu.Unlock()
+	other := &blockingView{eventsView: forwards("other", tapBufferEvents), started: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tp.publish(other, tapBuild)
+	}()
+	<-other.started
+	tp.publish(forwards("mine", 10), tapBuild)
+	close(other.release)
+	<-done
+	evs, lost, err := r.Next(timeout(t, 5*time.Second))
+	if err != nil || len(evs) != 10 || lost != 0 {
+		t.Fatalf("%d events, %d lost, %v: want the 10 selected, within the reader's rate", len(evs), lost, err)
+	}
 }
