@@ -835,7 +835,7 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 			return res, fmt.Errorf("scrape: %w", err)
 		}
 		res.steady = h1.sub(h0).quantiles()
-		if d1, err := scrapeHist(httpAddr, "dam_decision_seconds"); err == nil {
+		if d1, err := scrapeHist(httpAddr, "dam_decision_seconds"); err == nil && isDam(variant) {
 			q := d1.sub(d0).quantiles()
 			logf("%s: steady: decide transactions (per batch) p50 %s p99 %s max bucket %s", variant, ms(q.P50), ms(q.P99), ms(d1.sub(d0).quantile(1)))
 		}
