@@ -354,6 +354,34 @@ func clientGone(r *http.Request, err error) bool {
 	return errors.Is(err, context.Canceled) && r.Context().Err() != nil
 }
 
+// admit takes room for n checks in front of the store (see admission),
+// or answers why not: 503 overloaded with Retry-After at once when the
+// store is behind (its oldest queued check waited past maxStoreWait) or
+// no room came within admitWait. Call the returned function once the
+// store work is done.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Context, n int) (release func(), ok bool) {
+	if cb := s.combiner.Load(); cb != nil {
+		if behind := cb.oldest(); behind > maxStoreWait {
+			s.metrics.shed.Inc()
+			writeError(w, http.StatusServiceUnavailable, codeOverloaded,
+				fmt.Sprintf("the store is behind: checks have waited %s for it (at most %s); nothing was decided; retry", behind.Round(time.Millisecond), maxStoreWait))
+			return nil, false
+		}
+	}
+	err := s.admission.acquire(ctx, n)
+	switch {
+	case err == nil:
+		return func() { s.admission.release(n) }, true
+	case clientGone(r, err):
+		w.WriteHeader(statusClientGone)
+	default: // errShed, or the request's time ran out waiting
+		s.metrics.shed.Inc()
+		writeError(w, http.StatusServiceUnavailable, codeOverloaded,
+			fmt.Sprintf("the store is at capacity: %d checks queued or being decided (serve.max_checks_in_flight); nothing was decided; retry", s.admission.limit))
+	}
+	return nil, false
+}
+
 // storeError answers a failed store call: 503 with Retry-After when the
 // store is unavailable or the request ran out of time (no decision was
 // made, or its outcome is unknown: never a guess), 500 otherwise. A
@@ -414,6 +442,11 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e.status, e.code, e.msg)
 		return
 	}
+	done, ok := s.admit(w, r, ctx, 1)
+	if !ok {
+		return
+	}
+	defer done()
 	var d dedup.Decision
 	var err error
 	if cb := s.combiner.Load(); cb != nil {
@@ -497,6 +530,13 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	req.Checks = nil
 	release() // the payloads are hashed: their room is free for another
+	if len(items) > 0 {
+		done, ok := s.admit(w, r, ctx, len(items))
+		if !ok {
+			return
+		}
+		defer done()
+	}
 	decisions, err := s.store.CheckBatch(ctx, items, nil)
 	switch {
 	case err == nil:
@@ -627,6 +667,11 @@ func (s *Server) handleStateGet(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
+	done, ok := s.admit(w, r, ctx, 1)
+	if !ok {
+		return
+	}
+	defer done()
 	st, err := s.store.Get(ctx, service, entity)
 	if errors.Is(err, dedup.ErrNotFound) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no state stored for this identity: its next check is forward")
@@ -656,6 +701,11 @@ func (s *Server) handleStateDelete(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
+	done, ok := s.admit(w, r, ctx, 1)
+	if !ok {
+		return
+	}
+	defer done()
 	n, err := s.store.ResetEntities(ctx, service, [][]byte{entity})
 	if err != nil {
 		s.storeError(w, r, "reset", err)
