@@ -58,6 +58,16 @@ type Serve struct {
 	// alone: behind a proxy, a load balancer or a mesh sidecar every
 	// client has the proxy's address. At most MaxConnections.
 	MaxConnectionsPerAddress int `koanf:"max_connections_per_address"`
+	// MaxChecksInFlight bounds the checks queued for PostgreSQL or being
+	// decided at once (a single check is one, a batch its checks, a
+	// state read or reset one): past it, a request waits for room up to
+	// 20 ms, then gets 503 overloaded with Retry-After. Whatever the
+	// bound, while the oldest check queued has waited over 250 ms for
+	// PostgreSQL, a request gets that 503 at once: past capacity the
+	// excess is told so at once, and what is admitted is decided in time.
+	// 0 (the default): 256 per postgres.max_conns connection (2048 with
+	// its default of 8), what the deciders take in one round.
+	MaxChecksInFlight int `koanf:"max_checks_in_flight"`
 	// MaxBatch bounds the checks of one /v1/check:batch request. Default
 	// 500.
 	MaxBatch int `koanf:"max_batch"`
@@ -188,6 +198,9 @@ func (c *Config) validateServe(v *validator) {
 		v.addf("serve.tls.key_file", "required with serve.tls.cert_file")
 	case s.TLS.KeyFile != "" && s.TLS.CertFile == "":
 		v.addf("serve.tls.cert_file", "required with serve.tls.key_file")
+	}
+	if s.MaxChecksInFlight < 0 {
+		v.addf("serve.max_checks_in_flight", "must be 0 (256 per postgres.max_conns connection) or positive, got %d", s.MaxChecksInFlight)
 	}
 	if s.MaxBatch <= 0 {
 		v.addf("serve.max_batch", "must be positive, got %d", s.MaxBatch)

@@ -55,6 +55,7 @@ func TestServeValidateErrors(t *testing.T) {
 		{"empty service", func(s *Serve) { s.Tokens = []ServeToken{{Token: longToken, Services: []string{"a", ""}}} }, "serve.tokens[0].services[1]", "empty"},
 		{"body", func(s *Serve) { s.MaxBodyBytes = 0 }, "serve.max_body_bytes", "positive"},
 		{"batch", func(s *Serve) { s.MaxBatch = -1 }, "serve.max_batch", "positive"},
+		{"checks in flight", func(s *Serve) { s.MaxChecksInFlight = -1 }, "serve.max_checks_in_flight", "0 (256 per postgres.max_conns connection) or positive"},
 		{"in flight below a body", func(s *Serve) { s.MaxInFlightBytes = s.MaxBodyBytes - 1 }, "serve.max_in_flight_bytes", "at least serve.max_body_bytes"},
 		{"connections", func(s *Serve) { s.MaxConnections = 0 }, "serve.max_connections", "positive"},
 		{"per address negative", func(s *Serve) { s.MaxConnectionsPerAddress = -1 }, "serve.max_connections_per_address", "from 0"},

@@ -343,10 +343,55 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, t *token, v an
 	return ctx, cancel, release, nil
 }
 
+// statusClientGone is the status recorded for a request whose client went
+// away before its answer (nginx's 499): nobody reads it.
+const statusClientGone = 499
+
+// clientGone reports whether err ended r's work because r's client went
+// away: its context was canceled (the server's base context never is).
+// That is not the store's failure.
+func clientGone(r *http.Request, err error) bool {
+	return errors.Is(err, context.Canceled) && r.Context().Err() != nil
+}
+
+// admit takes room for n checks in front of the store (see admission),
+// or answers why not: 503 overloaded with Retry-After at once when the
+// store is behind (its oldest queued check waited past maxStoreWait) or
+// no room came within admitWait. Call the returned function once the
+// store work is done.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Context, n int) (release func(), ok bool) {
+	if cb := s.combiner.Load(); cb != nil {
+		if behind := cb.oldest(); behind > maxStoreWait {
+			s.metrics.shed.Inc()
+			writeError(w, http.StatusServiceUnavailable, codeOverloaded,
+				fmt.Sprintf("the store is behind: checks have waited %s for it (at most %s); nothing was decided; retry", behind.Round(time.Millisecond), maxStoreWait))
+			return nil, false
+		}
+	}
+	err := s.admission.acquire(ctx, n)
+	switch {
+	case err == nil:
+		return func() { s.admission.release(n) }, true
+	case clientGone(r, err):
+		w.WriteHeader(statusClientGone)
+	default: // errShed, or the request's time ran out waiting
+		s.metrics.shed.Inc()
+		writeError(w, http.StatusServiceUnavailable, codeOverloaded,
+			fmt.Sprintf("the store is at capacity: %d checks queued or being decided (serve.max_checks_in_flight); nothing was decided; retry", s.admission.limit))
+	}
+	return nil, false
+}
+
 // storeError answers a failed store call: 503 with Retry-After when the
 // store is unavailable or the request ran out of time (no decision was
-// made, or its outcome is unknown: never a guess), 500 otherwise.
-func (s *Server) storeError(w http.ResponseWriter, op string, err error) {
+// made, or its outcome is unknown: never a guess), 500 otherwise. A
+// request whose client went away is neither logged nor counted as a
+// store error: nobody is there to answer.
+func (s *Server) storeError(w http.ResponseWriter, r *http.Request, op string, err error) {
+	if clientGone(r, err) {
+		w.WriteHeader(statusClientGone)
+		return
+	}
 	s.metrics.storeErrors.Inc()
 	if isUnavailable(err) {
 		s.log.Warn("serve: store unavailable", zap.String("op", op), zap.Error(err))
@@ -397,6 +442,11 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e.status, e.code, e.msg)
 		return
 	}
+	done, ok := s.admit(w, r, ctx, 1)
+	if !ok {
+		return
+	}
+	defer done()
 	var d dedup.Decision
 	var err error
 	if cb := s.combiner.Load(); cb != nil {
@@ -408,7 +458,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err != nil {
-		s.storeError(w, "check", err)
+		s.storeError(w, r, "check", err)
 		return
 	}
 	s.metrics.decision(c.Service, d)
@@ -480,6 +530,13 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	req.Checks = nil
 	release() // the payloads are hashed: their room is free for another
+	if len(items) > 0 {
+		done, ok := s.admit(w, r, ctx, len(items))
+		if !ok {
+			return
+		}
+		defer done()
+	}
 	decisions, err := s.store.CheckBatch(ctx, items, nil)
 	switch {
 	case err == nil:
@@ -488,7 +545,7 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 			results[index[k]] = batchResult{Decision: d.String(), Digest: items[k].Digest.String()}
 		}
 	case isUnavailable(err) || len(items) == 1:
-		s.storeError(w, "check batch", err)
+		s.storeError(w, r, "check batch", err)
 		return
 	default:
 		// The store refused the transaction for a reason no retry fixes,
@@ -496,15 +553,20 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 		// order, so that only that check gets an error.
 		s.metrics.storeErrors.Inc()
 		s.log.Warn("serve: the store refused a batch; deciding its checks one by one", zap.Int("checks", len(items)), zap.Error(err))
-		s.checkSeparately(ctx, items, index, results)
+		if err := s.checkSeparately(ctx, items, index, results); clientGone(r, err) {
+			w.WriteHeader(statusClientGone)
+			return
+		}
 	}
 	writeJSON(w, http.StatusOK, batchResponse{Results: results})
 }
 
 // checkSeparately decides items one by one, each in a transaction of its
 // own, writing each answer or error to results[index[k]]. After an outage
-// the remaining checks are not tried: each says it was not decided.
-func (s *Server) checkSeparately(ctx context.Context, items []dedup.CheckItem, index []int, results []batchResult) {
+// the remaining checks are not tried: each says it was not decided. It
+// returns the error of the outage, if any (the caller tells its client
+// gone from the store down).
+func (s *Server) checkSeparately(ctx context.Context, items []dedup.CheckItem, index []int, results []batchResult) error {
 	var down error
 	for k, it := range items {
 		r := &results[index[k]]
@@ -519,15 +581,19 @@ func (s *Server) checkSeparately(ctx context.Context, items []dedup.CheckItem, i
 			*r = batchResult{Decision: d.String(), Digest: it.Digest.String()}
 		case isUnavailable(err):
 			down = err
+			r.Error = &errorBody{Code: codeUnavailable, Message: unavailableMessage}
+			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+				continue // the client went away: not the store's failure
+			}
 			s.metrics.storeErrors.Inc()
 			s.log.Warn("serve: store unavailable", zap.String("op", "check batch"), zap.Error(err))
-			r.Error = &errorBody{Code: codeUnavailable, Message: unavailableMessage}
 		default:
 			s.metrics.storeErrors.Inc()
 			s.log.Error("serve: store error", zap.String("op", "check batch"), zap.Int("check", index[k]), zap.Error(err))
 			r.Error = &errorBody{Code: codeInternal, Message: "store error"}
 		}
 	}
+	return down
 }
 
 // stateResponse is an identity's stored state.
@@ -601,13 +667,18 @@ func (s *Server) handleStateGet(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
+	done, ok := s.admit(w, r, ctx, 1)
+	if !ok {
+		return
+	}
+	defer done()
 	st, err := s.store.Get(ctx, service, entity)
 	if errors.Is(err, dedup.ErrNotFound) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no state stored for this identity: its next check is forward")
 		return
 	}
 	if err != nil {
-		s.storeError(w, "get", err)
+		s.storeError(w, r, "get", err)
 		return
 	}
 	resp := stateResponse{Service: st.Service, Entity: string(st.Entity), EntityHex: hex.EncodeToString(st.Entity),
@@ -630,9 +701,14 @@ func (s *Server) handleStateDelete(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
+	done, ok := s.admit(w, r, ctx, 1)
+	if !ok {
+		return
+	}
+	defer done()
 	n, err := s.store.ResetEntities(ctx, service, [][]byte{entity})
 	if err != nil {
-		s.storeError(w, "reset", err)
+		s.storeError(w, r, "reset", err)
 		return
 	}
 	s.log.Info("serve: state reset", zap.String("service", service), zap.String("entity_hex", hex.EncodeToString(entity)), zap.Bool("found", n > 0))

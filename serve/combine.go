@@ -46,7 +46,8 @@ const maxCombined = 256
 type waiter struct {
 	item     dedup.CheckItem
 	deadline time.Time
-	taken    bool // a decider has it: it will be answered
+	queued   time.Time // when it joined the queue
+	taken    bool      // a decider has it: it will be answered
 	done     chan struct{}
 	decision dedup.Decision
 	err      error
@@ -86,7 +87,7 @@ func (c *combiner) check(ctx context.Context, item dedup.CheckItem) (dedup.Decis
 	if !ok {
 		deadline = time.Now().Add(c.timeout)
 	}
-	w := &waiter{item: item, deadline: deadline, done: make(chan struct{})}
+	w := &waiter{item: item, deadline: deadline, queued: time.Now(), done: make(chan struct{})}
 	c.mu.Lock()
 	c.queue = append(c.queue, w)
 	c.mu.Unlock()
@@ -108,6 +109,17 @@ func (c *combiner) check(ctx context.Context, item dedup.CheckItem) (dedup.Decis
 	c.mu.Unlock()
 	<-w.done // its batch runs until the earliest deadline of its checks
 	return w.decision, w.err
+}
+
+// oldest is how long the oldest check not yet taken has waited (0 when
+// none waits): how far the deciders are behind.
+func (c *combiner) oldest() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queue) == 0 {
+		return 0
+	}
+	return time.Since(c.queue[0].queued)
 }
 
 // take removes up to max waiting checks, marking them taken.

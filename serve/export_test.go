@@ -11,3 +11,7 @@ func HTTPTimeouts(s *Server) (header, read, write, idle time.Duration) {
 	t := s.timeouts
 	return t.header, t.read, t.write, t.idle
 }
+
+// StatusClientGone is the status recorded for a request whose client went
+// away.
+const StatusClientGone = statusClientGone

@@ -34,6 +34,23 @@ const (
 	// written, what the client sent read and dropped (a socket closed with
 	// unread data is reset, and the client may lose the answer).
 	lingerTimeout = time.Second
+	// drainTimeout bounds the polite close of a connection refused past
+	// the refusals lingering at once: long enough to read the request the
+	// client already sent, so that the close is not a reset.
+	drainTimeout = 50 * time.Millisecond
+	// maxQuickRefusals bounds the refusals being written past those that
+	// linger (each for drainTimeout at most); beyond it (tens of thousands
+	// of new connections a second), a connection is closed unanswered.
+	maxQuickRefusals = 4096
+	// silentRecheck is how long a connection closed for room as the
+	// longest silent is still given for its first byte: on a busy machine
+	// a client that opens a connection per request may send its request
+	// a while after connecting, or its request may have arrived unread
+	// while this side's goroutine waited to run.
+	silentRecheck = 50 * time.Millisecond
+	// pendingCheck is how long an idle connection closed for room is read
+	// for a request sent as it was closed.
+	pendingCheck = time.Millisecond
 )
 
 // connState is what a served connection is doing, for the choice of the
@@ -83,9 +100,17 @@ type silentConn struct {
 // 503 (plain HTTP) before the close. When every slot serves a trusted
 // request, the new connection waits up to connWait for one to end and is
 // then answered 503 with Retry-After and closed; so is a connection past
-// perAddr, at once. Those refusals are written by a bounded number of
-// goroutines; beyond them a connection is closed at once, unanswered. A
-// client past capacity is thus served, or answered 503 fast.
+// perAddr, at once. Those refusals wait and linger in a bounded number of
+// goroutines; beyond them a connection is answered 503 at once, without
+// waiting for a slot, and closed once the request its client sent is
+// read (drainTimeout), so that the close is not a reset. A connection
+// closed for room is answered 503 too when its client may be waiting for
+// an answer (a request unfinished, or sent on an idle connection as it
+// was closed), and one closed as the longest silent is given
+// silentRecheck more for its request, then answered 503 on plain HTTP.
+// A client past capacity, one that opens a connection per request
+// included, is thus served, or answered 503 fast, never reset: only past
+// maxQuickRefusals answers at once is a connection closed unanswered.
 //
 // Wrap it in TLS (tls.NewListener) rather than the other way round: the
 // server then sees *tls.Conn, and tlsConfig (when set) lets a refusal be
@@ -98,6 +123,7 @@ type connLimit struct {
 	tlsConfig    *tls.Config
 	metrics      *metrics
 	refusing     chan struct{} // one per refusal being written or connection waiting for a slot
+	quick        chan struct{} // one per refusal being written at once, past refusing
 	accepted     chan acceptResult
 	done         chan struct{}
 	closeOnce    sync.Once
@@ -120,7 +146,7 @@ type acceptResult struct {
 func newConnLimit(ln net.Listener, maxConns, perAddr, tokens int, tlsConfig *tls.Config, m *metrics) *connLimit {
 	l := &connLimit{Listener: ln, max: maxConns, perAddr: perAddr, maxSilent: max(2*maxConns, minSilent),
 		tokenConns: max(1, maxConns/max(1, tokens)), tlsConfig: tlsConfig, metrics: m,
-		refusing: make(chan struct{}, max(maxConns, 256)), accepted: make(chan acceptResult), done: make(chan struct{}),
+		refusing: make(chan struct{}, max(maxConns, 256)), quick: make(chan struct{}, maxQuickRefusals), accepted: make(chan acceptResult), done: make(chan struct{}),
 		byAddr: map[netip.Addr]int{}, byToken: map[*token]int{}, changed: make(chan struct{})}
 	l.wg.Add(1)
 	go l.acceptLoop()
@@ -221,11 +247,31 @@ func (l *connLimit) firstByte(sc *silentConn) {
 	var b [1]byte
 	n, _ := sc.Read(b[:])
 	l.mu.Lock()
+	closedForRoom := sc.elem == nil
 	if sc.elem != nil {
 		l.silent.Remove(sc.elem)
 		sc.elem = nil
 	}
 	l.mu.Unlock()
+	if n == 0 && closedForRoom && !l.closing() {
+		// Closed for room as the longest silent. On a busy machine its
+		// request may have arrived while this goroutine waited to run: it
+		// is then not silent, and is served or refused like any other,
+		// never closed unanswered (a client opening a connection per
+		// request is served or told 503).
+		_ = sc.SetReadDeadline(time.Now().Add(silentRecheck))
+		n, _ = sc.Read(b[:])
+		if n == 0 && l.tlsConfig == nil {
+			// Still nothing: answered 503 all the same, and read for
+			// drainTimeout, so that a client whose request is on its way
+			// reads a refusal rather than a reset (a client that meant to
+			// send nothing reads an answer it ignores).
+			l.metrics.connsRefused.Inc()
+			l.refuse(sc.Conn, refusalConnections, drainTimeout)
+			l.dropAddr(sc.addr)
+			return
+		}
+	}
 	if n == 0 {
 		l.dropAddr(sc.addr)
 		_ = sc.Close()
@@ -242,6 +288,16 @@ func (l *connLimit) firstByte(sc *silentConn) {
 		return
 	}
 	l.refuseSoon(&prefixConn{Conn: sc.Conn, first: b[:1]}, sc.addr, true, refusalConnections, connWait)
+}
+
+// closing reports whether Close was called.
+func (l *connLimit) closing() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // dropAddr counts a connection of addr less.
@@ -312,6 +368,9 @@ func (l *connLimit) setStateLocked(lc *limitedConn, s connState) {
 	}
 	l.leaveLocked(lc)
 	lc.state, lc.since = s, time.Now()
+	if s == connIdle {
+		lc.idleRead = lc.read.Load()
+	}
 	if s != connTrusted {
 		lc.elem = l.lists[s].PushBack(lc)
 	}
@@ -362,27 +421,38 @@ func (l *connLimit) hand(lc *limitedConn) {
 
 // refuseSoon answers c (of addr, counted in byAddr when counted) 503
 // with refusal, after waiting up to wait for a slot, in a goroutine of
-// its own; past the bound of such goroutines, c is closed at once.
+// its own. Past the bound of such goroutines (refusing), c is answered
+// 503 at once, without waiting for a slot, and closed once what its
+// client sent is read (drainTimeout at most): a client past capacity is
+// told so, not reset. Only past maxQuickRefusals such answers at once
+// is c closed unanswered.
 func (l *connLimit) refuseSoon(c net.Conn, addr netip.Addr, counted bool, refusal string, wait time.Duration) {
+	linger := lingerTimeout
+	release := func() { <-l.refusing }
 	select {
 	case l.refusing <- struct{}{}:
 	default:
-		l.metrics.connsRefused.Inc()
-		_ = c.Close()
-		if counted {
-			l.dropAddr(addr)
+		wait, linger, release = 0, drainTimeout, func() { <-l.quick }
+		select {
+		case l.quick <- struct{}{}:
+		default:
+			l.metrics.connsRefused.Inc()
+			_ = c.Close()
+			if counted {
+				l.dropAddr(addr)
+			}
+			return
 		}
-		return
 	}
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		defer func() { <-l.refusing }()
+		defer release()
 		if wait > 0 && l.wait(c, addr, wait) {
 			return
 		}
 		l.metrics.connsRefused.Inc()
-		l.refuse(c, refusal)
+		l.refuse(c, refusal, linger)
 		if counted {
 			l.dropAddr(addr)
 		}
@@ -438,9 +508,9 @@ func refusalText(msg string) string {
 		"\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
 }
 
-// refuse answers c 503 and closes it, giving up after lingerTimeout.
-func (l *connLimit) refuse(c net.Conn, refusal string) {
-	_ = c.SetDeadline(time.Now().Add(lingerTimeout))
+// refuse answers c 503 and closes it, giving up after linger.
+func (l *connLimit) refuse(c net.Conn, refusal string, linger time.Duration) {
+	_ = c.SetDeadline(time.Now().Add(linger))
 	var w net.Conn = c
 	if l.tlsConfig != nil {
 		w = tls.Server(c, l.tlsConfig)
@@ -449,14 +519,14 @@ func (l *connLimit) refuse(c net.Conn, refusal string) {
 		_ = c.Close()
 		return
 	}
-	linger(c)
+	closeRead(c)
 }
 
-// linger half-closes c and reads what the client sent (its request,
+// closeRead half-closes c and reads what the client sent (its request,
 // unread) before closing: a socket closed with unread data is reset, and
 // the client may then lose the answer before it reads it. c's deadline
 // is set.
-func linger(c net.Conn) {
+func closeRead(c net.Conn) {
 	defer c.Close()
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
@@ -539,12 +609,14 @@ type limitedConn struct {
 	evicted atomic.Bool
 	once    sync.Once
 
+	read atomic.Int64 // bytes read
 	// Under l.mu.
 	state    connState
 	since    time.Time
 	elem     *list.Element
 	token    *token // of a trusted request
 	released bool
+	idleRead int64 // read when it last became idle
 
 	dmu sync.Mutex // orders evict with the server's deadlines
 }
@@ -553,9 +625,12 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 	if len(c.first) > 0 {
 		n := copy(p, c.first)
 		c.first = c.first[n:]
+		c.read.Add(int64(n))
 		return n, nil
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
 }
 
 func (c *limitedConn) SetReadDeadline(t time.Time) error {
@@ -594,9 +669,12 @@ func (c *limitedConn) evict() {
 	c.dmu.Unlock()
 }
 
-// Close frees c's slot and closes it. An evicted connection that had not
-// finished a request is closed politely (lingering, after a 503 on plain
-// HTTP) when a refusal goroutine is free.
+// Close frees c's slot and closes it. An evicted connection whose client
+// may be waiting for an answer (one that had not finished its request,
+// or an idle one whose next request arrived as it was closed) is closed
+// politely: answered 503 on plain HTTP, then what its client sent read,
+// lingering while a refusal slot is free, else for drainTimeout. Its
+// client is told 503, never reset.
 func (c *limitedConn) Close() error {
 	first := false
 	c.once.Do(func() { first = true })
@@ -605,25 +683,42 @@ func (c *limitedConn) Close() error {
 	}
 	l := c.l
 	l.mu.Lock()
-	polite := c.evicted.Load() && c.state == connUnfinished
+	evicted, state := c.evicted.Load(), c.state
+	requested := state == connIdle && c.read.Load() > c.idleRead
 	l.releaseLocked(c)
 	l.mu.Unlock()
 	defer l.dropAddr(c.addr)
-	if !polite {
+	switch {
+	case !evicted:
 		return c.Conn.Close()
-	}
-	select {
-	case l.refusing <- struct{}{}:
+	case state == connUnfinished:
+	case state == connIdle && l.tlsConfig == nil && (requested || c.pending()):
+		// A request came as the connection was closed for room: it is
+		// answered, not reset.
 	default:
 		return c.Conn.Close()
 	}
-	defer func() { <-l.refusing }()
-	_ = c.Conn.SetDeadline(time.Now().Add(lingerTimeout))
+	linger := lingerTimeout
+	select {
+	case l.refusing <- struct{}{}:
+		defer func() { <-l.refusing }()
+	default:
+		linger = drainTimeout
+	}
+	_ = c.Conn.SetDeadline(time.Now().Add(linger))
 	if l.tlsConfig == nil {
 		if _, err := io.WriteString(c.Conn, refusalConnections); err != nil {
 			return c.Conn.Close()
 		}
 	}
-	linger(c.Conn)
+	closeRead(c.Conn)
 	return nil
+}
+
+// pending reports whether c's client sent something unread.
+func (c *limitedConn) pending() bool {
+	_ = c.Conn.SetReadDeadline(time.Now().Add(pendingCheck))
+	var b [1]byte
+	n, _ := c.Conn.Read(b[:])
+	return n > 0
 }

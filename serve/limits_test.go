@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -330,5 +331,110 @@ func twoIdle(t *testing.T, addr string) []net.Conn {
 		if time.Now().After(deadline) {
 			t.Fatal("two idle connections could not be kept")
 		}
+	}
+}
+
+// Clients opening a connection per request past serve.max_connections,
+// more of them at once than the refusals that wait for a slot, are each
+// served or answered 503 with Retry-After: none is closed unanswered or
+// reset.
+func TestConnectionPerRequestPastTheLimit(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, func(c *config.Config) {
+		c.Serve.MaxConnections = 2
+		c.Serve.RequestTimeout = 3 * time.Second
+	})
+	addr := h.run()
+	// Two requests with a valid token hold both slots (their bodies come
+	// slowly, ended with 408 after a second or so).
+	for _, from := range []string{"127.0.0.2", "127.0.0.3"} {
+		headOnly(t, addr, from, tokenAll, 100, `{"service":"a",`)
+	}
+	time.Sleep(100 * time.Millisecond)
+	const clients = 400 // more than the refusals that wait for a slot (256)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	codes := map[string]int{}
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got := "no connection"
+			defer func() {
+				mu.Lock()
+				codes[got]++
+				mu.Unlock()
+			}()
+			c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			if err != nil {
+				got = "dial: " + err.Error()
+				return
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: dam\r\nConnection: close\r\n\r\n"); err != nil {
+				got = "write: " + err.Error()
+				return
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				got = "no answer: " + err.Error()
+				return
+			}
+			resp.Body.Close()
+			got = fmt.Sprint(resp.StatusCode)
+			if resp.StatusCode == 503 && resp.Header.Get("Retry-After") == "" {
+				got = "503 without Retry-After"
+			}
+		}()
+	}
+	wg.Wait()
+	if codes["200"]+codes["503"] != clients {
+		t.Errorf("answers to %d clients opening a connection each past the limit: %v; want each 200 or 503 with Retry-After", clients, codes)
+	}
+	if codes["503"] == 0 {
+		t.Errorf("answers: %v; want 503s: the slots were held", codes)
+	}
+}
+
+// A connection closed for room as the longest silent (past twice
+// serve.max_connections, at least 1,024, waiting for their first byte) is
+// answered 503 with Retry-After on plain HTTP after a last wait for its
+// request: a client that opened a connection per request and is slow to
+// send it reads a refusal, not a reset.
+func TestLongestSilentAnswered(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, func(c *config.Config) { c.Serve.MaxConnections = 2 })
+	addr := h.run()
+	for attempt := 1; ; attempt++ {
+		first := dialFrom(t, addr, "")
+		began := time.Now()
+		time.Sleep(50 * time.Millisecond) // the longest silent
+		var wg sync.WaitGroup
+		for range 16 { // 1,024 more: the silent bound, max(2 x 2, 1024)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 64 {
+					c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					t.Cleanup(func() { c.Close() })
+				}
+			}()
+		}
+		wg.Wait()
+		if time.Since(began) > 800*time.Millisecond && attempt < 3 {
+			// The first may have been silent for its whole second, and
+			// closed for that (unanswered: it sent nothing), not for room.
+			continue
+		}
+		code, retry, body, err := rawResponse(first, 3*time.Second)
+		if code != 503 || retry == "" || !strings.Contains(body, "serve.max_connections") {
+			t.Fatalf("the longest silent connection, closed for room: %d Retry-After %q %s %v; want 503 with Retry-After", code, retry, body, err)
+		}
+		return
 	}
 }

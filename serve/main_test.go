@@ -52,9 +52,9 @@ type harness struct {
 // newHarness serves cfg (testConfig on a fresh schema, changed by mutate)
 // on an httptest server, every exchange checked against the OpenAPI
 // document (contract_test.go).
-func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
+func newHarness(t *testing.T, mutate func(*config.Config), opts ...serve.Option) *harness {
 	t.Helper()
-	h := newServer(t, mutate)
+	h := newServer(t, mutate, opts...)
 	h.srv.Start(context.Background())
 	t.Cleanup(h.srv.Close) // after the HTTP server's close (cleanups run last first)
 	ts := httptest.NewServer(validated(t, h.srv.Handler()))
@@ -64,8 +64,8 @@ func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
 }
 
 // newServer builds the server of testConfig on a fresh schema, changed by
-// mutate, without serving it.
-func newServer(t *testing.T, mutate func(*config.Config)) *harness {
+// mutate, with opts, without serving it.
+func newServer(t *testing.T, mutate func(*config.Config), opts ...serve.Option) *harness {
 	t.Helper()
 	dsn := pgtest.DSN(t)
 	cfg := testConfig(dsn)
@@ -80,7 +80,7 @@ func newServer(t *testing.T, mutate func(*config.Config)) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(store.Close)
-	srv, err := serve.New(cfg, store)
+	srv, err := serve.New(cfg, store, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

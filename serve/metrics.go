@@ -13,20 +13,22 @@ import (
 )
 
 type metrics struct {
-	requests     *prometheus.CounterVec
-	seconds      *prometheus.HistogramVec
-	decisions    *prometheus.CounterVec
-	storeErrors  prometheus.Counter
-	inFlight     prometheus.Gauge
-	combined     prometheus.Histogram
-	separated    prometheus.Counter
-	bodyBytes    prometheus.Gauge
-	overloaded   prometheus.Counter
-	conns        prometheus.Gauge
-	connsRefused prometheus.Counter
-	connsEvicted *prometheus.CounterVec
-	slowBodies   prometheus.Counter
-	httpErrors   prometheus.Counter
+	requests       *prometheus.CounterVec
+	seconds        *prometheus.HistogramVec
+	decisions      *prometheus.CounterVec
+	storeErrors    prometheus.Counter
+	inFlight       prometheus.Gauge
+	combined       prometheus.Histogram
+	separated      prometheus.Counter
+	bodyBytes      prometheus.Gauge
+	overloaded     prometheus.Counter
+	shed           prometheus.Counter
+	checksInFlight prometheus.Gauge
+	conns          prometheus.Gauge
+	connsRefused   prometheus.Counter
+	connsEvicted   *prometheus.CounterVec
+	slowBodies     prometheus.Counter
+	httpErrors     prometheus.Counter
 
 	// services are the service label values besides "other": the
 	// configured services (config.Services: routes, tokens' services,
@@ -77,13 +79,21 @@ func newMetrics(reg prometheus.Registerer, services map[string]bool) *metrics {
 			Name: "dam_serve_overloaded_total",
 			Help: "Requests answered 503 because their body found no room within serve.request_timeout.",
 		}),
+		shed: f.NewCounter(prometheus.CounterOpts{
+			Name: "dam_serve_shed_total",
+			Help: "Requests answered 503 overloaded at once because the store was at capacity: no room within serve.max_checks_in_flight in time, or checks queued for it over a quarter of a second.",
+		}),
+		checksInFlight: f.NewGauge(prometheus.GaugeOpts{
+			Name: "dam_serve_checks_in_flight",
+			Help: "Checks queued for the store or being decided (serve.max_checks_in_flight).",
+		}),
 		conns: f.NewGauge(prometheus.GaugeOpts{
 			Name: "dam_serve_connections",
 			Help: "Connections being served (serve.max_connections).",
 		}),
 		connsRefused: f.NewCounter(prometheus.CounterOpts{
 			Name: "dam_serve_connections_refused_total",
-			Help: "Connections answered 503 (or, past the refusals being written at once, closed): no connection to close for room within serve.max_connections, or past serve.max_connections_per_address.",
+			Help: "Connections answered 503 (or, past 4096 answers being written at once, closed): no connection to close for room within serve.max_connections, or past serve.max_connections_per_address.",
 		}),
 		connsEvicted: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dam_serve_connections_evicted_total",

@@ -15,6 +15,15 @@
 // before the request's deadline, so that the 503 means nothing was decided
 // (only a connection lost during a COMMIT leaves the outcome unknown).
 //
+// Past capacity the service sheds the excess rather than queue it (see
+// admission): the checks queued for PostgreSQL or being decided are
+// bounded by serve.max_checks_in_flight, and while the oldest check queued
+// has waited past maxStoreWait the store is behind; either way a request
+// is answered 503 overloaded with Retry-After at once (after admitWait at
+// most), nothing decided, while the work admitted is decided in time. A
+// request whose client went away is not the store's failure: it is
+// neither logged nor counted as one.
+//
 // Endpoints (JSON; errors are {"code", "message"}):
 //
 //	POST   /v1/check                      {"service","entity","payload"} -> {"decision","digest"}
@@ -44,7 +53,8 @@
 //
 // Metrics (all on the registry given to New):
 //
-//	dam_serve_requests_total{endpoint,code}      requests by endpoint and HTTP status
+//	dam_serve_requests_total{endpoint,code}      requests by endpoint and HTTP status (499: the
+//	                                             client went away before its answer)
 //	dam_serve_request_seconds{endpoint}          request latency
 //	dam_serve_decisions_total{service,decision}  forward and duplicate answers, by configured
 //	                                             service (routes, tokens' services,
@@ -53,10 +63,14 @@
 //	dam_serve_in_flight                          requests being served
 //	dam_serve_body_bytes_in_flight               room taken by the bodies being read or decoded
 //	dam_serve_overloaded_total                   requests answered 503: no room for the body in time
+//	dam_serve_shed_total                         requests answered 503 at once: the store at capacity
+//	                                             (serve.max_checks_in_flight) or behind
+//	dam_serve_checks_in_flight                   checks queued for the store or being decided
 //	dam_serve_slow_bodies_total                  bodies ended with 408: too slow, or past request_timeout
 //	dam_serve_connections                        connections being served
-//	dam_serve_connections_refused_total          connections answered 503 (or closed): no slot in time,
-//	                                             or past serve.max_connections_per_address
+//	dam_serve_connections_refused_total          connections answered 503: no slot in time, or past
+//	                                             serve.max_connections_per_address (closed past 4096
+//	                                             such answers at once)
 //	dam_serve_connections_evicted_total{state}   connections closed to make room: silent, unfinished,
 //	                                             idle, untrusted
 //	dam_serve_http_errors_total                  the HTTP server's errors (its log is rate-limited)
@@ -116,6 +130,7 @@ type Server struct {
 	knownList string
 	tokens    []token
 	deciders  int           // combining deciders: postgres.max_conns
+	admission *admission    // the checks in front of the store (serve.max_checks_in_flight)
 	certs     *certReloader // nil without serve.tls
 	ready     readiness
 	timeouts  timeouts
@@ -156,6 +171,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 	}
 	s.metrics = newMetrics(s.reg, services)
 	s.ready = readiness{store: store, log: s.log}
+	s.admission = newAdmission(checksInFlight(cfg), admitWait, s.metrics.checksInFlight)
 	s.timeouts = newTimeouts(cfg.Serve.RequestTimeout)
 	var err error
 	if t := cfg.Serve.TLS; t.Enabled() {
@@ -199,6 +215,16 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 		s.tokens = append(s.tokens, t)
 	}
 	return s, nil
+}
+
+// checksInFlight is the bound of the checks in front of the store:
+// serve.max_checks_in_flight, else what the deciders take in one round
+// (maxCombined per postgres.max_conns connection).
+func checksInFlight(cfg config.Config) int {
+	if n := cfg.Serve.MaxChecksInFlight; n > 0 {
+		return n
+	}
+	return maxCombined * max(1, int(cfg.Postgres.MaxConns))
 }
 
 // hasher returns the hasher of service: its route's, or the defaults.

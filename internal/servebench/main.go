@@ -9,8 +9,26 @@
 // time plus a grace second and its p99 is below -p99 (the seeds' 250 ms).
 // The machine is shared (PostgreSQL, the generator, other work), so a rate
 // gets up to -tries attempts and is held if one of them is; every attempt
-// is printed. The table goes to stdout; the last line names the highest
-// rate held.
+// is printed. The table goes to stdout; a line names the highest rate
+// held.
+//
+// The client keeps its connections, at most -conns of them (dam serve's
+// serve.max_connections): a client that opens a connection whenever none
+// is idle brings, past the service's connection bound, new connections
+// that are refused or close others, and on a machine shared with the
+// generator their setup (connect, accept) takes the CPU the service
+// needs. Clients that open a connection per request get a phase of their
+// own.
+//
+// Then the service is driven past capacity (-overload, 2x the highest
+// rate held by default) from the same client, its connections open: the
+// goodput there is printed against the highest rate held (PASS when at
+// least -goodput, 0.8x), with the p99 of the 503s the excess gets (PASS
+// when under -shed-p99, 100 ms). A client opening a connection per
+// request then offers -conn-rate times the highest rate held (past what
+// that client can be served at, each request paying a connection): each
+// request must be answered 200 or 503 with Retry-After, none reset or
+// closed unanswered.
 //
 // The payloads are ~500 B JSON projections over -entities identities with
 // -dup-rate repeats of the entity's previous content, so that both answers
@@ -69,10 +87,15 @@ type options struct {
 	dsn      string
 	damBin   string
 	maxConns int
+	conns    int // the most connections the load's client keeps open (0: no bound)
 	target   float64
 	tries    int
 	hostile  bool
-	extra    string // more of the serve section
+	overload float64       // past capacity: this times the highest rate held (0: not run)
+	connRate float64       // the client opening a connection per request: this times the highest rate held
+	goodput  float64       // the goodput past capacity must be at least this times the highest rate held
+	shedP99  time.Duration // the p99 the 503s past capacity must stay under
+	extra    string        // more of the serve section
 }
 
 func main() {
@@ -85,8 +108,14 @@ func main() {
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $"+envDSN+", else "+defaultDSN+", else a throwaway local cluster)")
 	flag.StringVar(&o.damBin, "dam", "", "dam binary (default: build ./cmd/dam)")
 	flag.IntVar(&o.maxConns, "max-conns", 0, "dam postgres.max_conns (0: dam's default)")
+	flag.IntVar(&o.conns, "conns", 1024, "the most connections the client keeping its connections opens, dam serve's serve.max_connections by default (0: no bound, Go's default: past the service's bound, its new connections churn)")
 	flag.Float64Var(&o.target, "target", 2000, "the rate that must be held (20x the seeds' 100 requests/s)")
 	flag.IntVar(&o.tries, "tries", 2, "attempts per rate; a rate is held if one attempt is")
+	flag.StringVar(&o.extra, "serve", "", "more of dam serve's serve section, as YAML lines (e.g. \"  max_checks_in_flight: 512\\n\")")
+	flag.Float64Var(&o.overload, "overload", 2, "after the rising rates, offer this times the highest rate held (past capacity) from the same client, its connections open; 0: skip the past-capacity phases")
+	flag.Float64Var(&o.connRate, "conn-rate", 1, "then offer this times the highest rate held from a client opening a connection per request; 0: skip")
+	flag.Float64Var(&o.goodput, "goodput", 0.8, "the goodput past capacity must be at least this times the highest rate held")
+	flag.DurationVar(&o.shedP99, "shed-p99", 100*time.Millisecond, "the p99 the 503s past capacity must stay under")
 	flag.BoolVar(&o.hostile, "hostile", false, "instead of the load steps, the hostile-client run at full size: 100 concurrent 10 MB bodies beside good checks, bad identities and made-up services, then 60 body hogs and 2,000 idle connections beside a well-behaved tenant; fails if dam serve's peak RSS passes 300 MB, a good check is not answered 200, or their p99 beside the hogs is not under 250 ms")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -134,7 +163,10 @@ func run(o options) error {
 		}
 	}
 	if o.hostile {
-		o.extra = hostileServeConfig
+		o.extra += hostileServeConfig
+	}
+	if o.extra != "" && !strings.HasSuffix(o.extra, "\n") {
+		o.extra += "\n"
 	}
 	srv, err := startServe(o, dsn, tmp)
 	if err != nil {
@@ -155,14 +187,14 @@ func run(o options) error {
 		return nil
 	}
 
-	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096, MaxConnsPerHost: o.conns, IdleConnTimeout: time.Minute}}
 	w := newWorkload(o.entities, o.dupRate)
 	logf("warming %d identities", o.entities)
 	if err := warm(client, srv.url, w); err != nil {
 		return err
 	}
 
-	fmt.Printf("%8s %10s %9s %9s %9s %8s %6s %10s  %s\n", "rate/s", "achieved/s", "p50 ms", "p99 ms", "max ms", "errors", "dup %", "serve µs/r", "held")
+	fmt.Printf("%8s %10s %9s %9s %9s %8s %8s %6s %10s  %s\n", "rate/s", "achieved/s", "p50 ms", "p99 ms", "max ms", "errors", "503s", "dup %", "serve µs/r", "held")
 	best := 0
 rates:
 	for _, rate := range rates {
@@ -171,8 +203,8 @@ rates:
 			st := runStep(client, srv.url, w, rate, o.step)
 			cpu := cpuTime(srv.cmd.Process.Pid) - cpu0
 			held := st.errors == 0 && st.late == 0 && st.p99 < o.p99
-			fmt.Printf("%8d %10.0f %9.1f %9.1f %9.1f %8d %6.1f %10.0f  %s\n", rate, st.achieved, ms(st.p50), ms(st.p99), ms(st.max), st.errors+st.late,
-				100*float64(st.duplicates)/float64(max(1, st.ok)), float64(cpu.Microseconds())/float64(max(1, st.ok)), yesNo(held))
+			fmt.Printf("%8d %10.0f %9.1f %9.1f %9.1f %8d %8d %6.1f %10.0f  %s\n", rate, st.achieved, ms(st.p50), ms(st.p99), ms(st.max), st.errors+st.late,
+				st.shed+st.shedNoRetry, 100*float64(st.duplicates)/float64(max(1, st.ok)), float64(cpu.Microseconds())/float64(max(1, st.ok)), yesNo(held))
 			if st.firstErr != "" {
 				logf("rate %d: first error: %s", rate, st.firstErr)
 			}
@@ -188,12 +220,79 @@ rates:
 			}
 		}
 	}
-	verdict := "MISS"
-	if float64(best) >= o.target {
-		verdict = "PASS"
-	}
+	verdict := passMiss(float64(best) >= o.target)
 	fmt.Printf("highest rate held with p99 < %s: %d requests/s (target >= %.0f, 20x the seeds' 100/s): %s\n", o.p99, best, o.target, verdict)
+	if o.overload > 0 && best > 0 {
+		return pastCapacity(o, srv, w, best, client)
+	}
 	return nil
+}
+
+// pastCapacity offers -overload times the highest rate held from kept,
+// the client of the rising rates with the connections it opened: the
+// goodput there against the highest rate held, and how fast the excess
+// is told 503. Then a client that opens a connection per request offers
+// -conn-rate times the highest rate held (each request pays a
+// connection, so that is past what this client can be served at): every
+// request must be answered 200 or 503 with Retry-After, none reset.
+func pastCapacity(o options, srv *server, w *workload, best int, kept *http.Client) error {
+	type phase struct {
+		name   string
+		client *http.Client
+		rate   int
+		res    stepResult
+	}
+	phases := []*phase{
+		{name: "keep-alive", client: kept, rate: int(o.overload * float64(best))},
+		{name: "conn per request", client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, rate: int(o.connRate * float64(best))},
+	}
+	fmt.Printf("\npast capacity: %.1fx the highest rate held (%d/s) from the client above, %.1fx from one opening a connection per request, %s each\n",
+		o.overload, best, o.connRate, o.step)
+	fmt.Printf("%-18s %8s %10s %9s %8s %10s %8s %9s\n", "client", "rate/s", "goodput/s", "p99 ms", "503/s", "503 p99 ms", "other", "no answer")
+	for _, p := range phases {
+		if p.rate <= 0 {
+			continue
+		}
+		st := runStep(p.client, srv.url, w, p.rate, o.step)
+		p.res = st
+		fmt.Printf("%-18s %8d %10.0f %9.1f %8.0f %10.1f %8d %9d\n", p.name, p.rate, st.achieved, ms(st.p99), float64(st.shed)/o.step.Seconds(), ms(st.shedP99),
+			st.otherStatus+st.shedNoRetry, st.noAnswer)
+		if st.firstNoAnswer != "" {
+			logf("past capacity, %s: first request without an answer: %s", p.name, st.firstNoAnswer)
+		} else if st.otherStatus+st.shedNoRetry > 0 {
+			logf("past capacity, %s: first error: %s", p.name, st.firstErr)
+		}
+		p.client.CloseIdleConnections() // they would hold the service's connection slots
+		logf("past capacity, %s: dam serve's counters so far: %s", p.name, srv.counters())
+		if err := srv.alive(); err != nil {
+			return err
+		}
+		time.Sleep(time.Second) // the connections of the step close
+	}
+	k := phases[0].res
+	ratio := k.achieved / float64(best)
+	fmt.Printf("goodput past capacity: %.0f requests/s = %.2fx the highest rate held (%d/s) (target >= %.1fx): %s\n",
+		k.achieved, ratio, best, o.goodput, passMiss(ratio >= o.goodput))
+	if k.shed == 0 {
+		fmt.Printf("503s past capacity: none, every request served\n")
+	} else {
+		fmt.Printf("503s past capacity: %d, p99 %.1f ms (target < %s): %s\n", k.shed, ms(k.shedP99), o.shedP99, passMiss(k.shedP99 < o.shedP99))
+	}
+	for _, p := range phases {
+		if p.rate <= 0 {
+			continue
+		}
+		bad := p.res.otherStatus + p.res.shedNoRetry + p.res.noAnswer
+		fmt.Printf("answered neither 200 nor 503 with Retry-After, %s: %d of %d (target 0): %s\n", p.name, bad, p.res.requests, passMiss(bad == 0))
+	}
+	return nil
+}
+
+func passMiss(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "MISS"
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -207,13 +306,30 @@ func yesNo(b bool) string {
 
 // stepResult is one rate's measurements.
 type stepResult struct {
-	achieved       float64
+	achieved       float64 // requests answered 200 a second (the goodput)
 	p50, p99, max  time.Duration
 	ok, duplicates int
-	errors, late   int // failed requests; requests answered after the step's grace
+	errors, late   int // failed requests (503s included); requests answered 200 after the step's grace
 	firstErr       string
 	requests       int
+
+	// The failures by kind: 503 with Retry-After (shed), any other
+	// answer, and no answer at all (a reset, a closed connection).
+	shed, shedNoRetry, otherStatus, noAnswer int
+	shedP99                                  time.Duration // from when the request was due
+	firstNoAnswer                            string
 }
+
+// outcome is how one request ended.
+type outcome int8
+
+const (
+	outOK       outcome = iota // 200
+	outShed                    // 503 with Retry-After
+	outShedBare                // 503 without Retry-After
+	outOther                   // any other status
+	outNoAnswer                // a transport error: reset, EOF, refused
+)
 
 // runStep sends rate requests per second for d, open loop, and measures
 // each request's latency from when it was due.
@@ -225,8 +341,9 @@ func runStep(client *http.Client, url string, w *workload, rate int, d time.Dura
 	}
 	lat := make([]time.Duration, n)
 	finished := make([]time.Time, n)
-	var errs, dups atomic.Int64
-	var firstErr atomic.Value
+	outs := make([]outcome, n)
+	var dups atomic.Int64
+	var firstErr, firstNoAnswer atomic.Value
 	var wg sync.WaitGroup
 	start := time.Now().Add(50 * time.Millisecond)
 	deadline := start.Add(d + time.Second) // grace: an answer later than this misses the step
@@ -239,16 +356,18 @@ func runStep(client *http.Client, url string, w *workload, rate int, d time.Dura
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dup, err := post(client, url, bodies[i])
+			a := post(client, url, bodies[i])
 			finished[i] = time.Now()
 			lat[i] = finished[i].Sub(due)
-			if err != nil {
-				errs.Add(1)
-				firstErr.CompareAndSwap(nil, err.Error())
-				lat[i] = -1
+			outs[i] = a.outcome
+			if a.err != nil {
+				firstErr.CompareAndSwap(nil, a.err.Error())
+				if a.outcome == outNoAnswer {
+					firstNoAnswer.CompareAndSwap(nil, a.err.Error())
+				}
 				return
 			}
-			if dup {
+			if a.duplicate {
 				dups.Add(1)
 			}
 		}()
@@ -256,52 +375,83 @@ func runStep(client *http.Client, url string, w *workload, rate int, d time.Dura
 	wg.Wait()
 	end := time.Now()
 	res := stepResult{requests: n}
-	var ok []time.Duration
+	var ok, shed []time.Duration
 	for i, l := range lat {
-		if l < 0 {
+		switch outs[i] {
+		case outOK:
+			ok = append(ok, l)
+			if finished[i].After(deadline) {
+				res.late++
+			}
 			continue
+		case outShed:
+			shed = append(shed, l)
+		case outShedBare:
+			res.shedNoRetry++
+		case outOther:
+			res.otherStatus++
+		case outNoAnswer:
+			res.noAnswer++
 		}
-		ok = append(ok, l)
-		if finished[i].After(deadline) {
-			res.late++
-		}
+		res.errors++
 	}
 	slices.Sort(ok)
-	res.ok, res.errors, res.duplicates = len(ok), int(errs.Load()), int(dups.Load())
+	slices.Sort(shed)
+	res.ok, res.duplicates = len(ok), int(dups.Load())
+	res.shed = len(shed)
 	if e, _ := firstErr.Load().(string); e != "" {
 		res.firstErr = e
 	}
+	if e, _ := firstNoAnswer.Load().(string); e != "" {
+		res.firstNoAnswer = e
+	}
 	if len(ok) > 0 {
 		res.p50, res.p99, res.max = ok[len(ok)/2], ok[min(len(ok)-1, len(ok)*99/100)], ok[len(ok)-1]
+	}
+	if len(shed) > 0 {
+		res.shedP99 = shed[min(len(shed)-1, len(shed)*99/100)]
 	}
 	res.achieved = float64(len(ok)) / end.Sub(start).Seconds()
 	return res
 }
 
-// post sends one check and reports whether it was a duplicate.
-func post(client *http.Client, url string, body []byte) (bool, error) {
+// answer is what post saw.
+type answer struct {
+	outcome   outcome
+	duplicate bool
+	err       error // nil for 200
+}
+
+// post sends one check: its outcome, and whether it was a duplicate.
+func post(client *http.Client, url string, body []byte) answer {
 	req, err := http.NewRequest("POST", url+"/v1/check", bytes.NewReader(body))
 	if err != nil {
-		return false, err
+		return answer{outcome: outNoAnswer, err: err}
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {
-		return false, err
+		return answer{outcome: outNoAnswer, err: err}
 	}
 	defer resp.Body.Close()
 	out, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return false, err
+		return answer{outcome: outNoAnswer, err: err}
 	}
-	if resp.StatusCode != http.StatusOK {
-		return false, fmt.Errorf("%d %s", resp.StatusCode, bytes.TrimSpace(out))
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		return answer{outcome: outOK, duplicate: bytes.Contains(out, []byte(`"duplicate"`))}
+	case resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "":
+		return answer{outcome: outShed, err: fmt.Errorf("%d %s", resp.StatusCode, bytes.TrimSpace(out))}
+	case resp.StatusCode == http.StatusServiceUnavailable:
+		return answer{outcome: outShedBare, err: fmt.Errorf("%d without Retry-After %s", resp.StatusCode, bytes.TrimSpace(out))}
 	}
-	return bytes.Contains(out, []byte(`"duplicate"`)), nil
+	return answer{outcome: outOther, err: fmt.Errorf("%d %s", resp.StatusCode, bytes.TrimSpace(out))}
 }
 
-// warm checks every identity once, 64 at a time.
+// warm checks every identity once, 64 at a time (again after a 503 with
+// Retry-After: the store was at capacity).
 func warm(client *http.Client, url string, w *workload) error {
 	sem := make(chan struct{}, 64)
 	var wg sync.WaitGroup
@@ -312,8 +462,13 @@ func warm(client *http.Client, url string, w *workload) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if _, err := post(client, url, w.body(e)); err != nil {
-				first.CompareAndSwap(nil, err)
+			a := post(client, url, w.body(e))
+			for try := 0; a.outcome == outShed && try < 100; try++ {
+				time.Sleep(10 * time.Millisecond) // told 503 at once: the store is busy
+				a = post(client, url, w.body(e))
+			}
+			if a.err != nil {
+				first.CompareAndSwap(nil, a.err)
 			}
 		}()
 	}
@@ -444,6 +599,27 @@ func startServe(o options, dsn, dir string) (*server, error) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// counters returns dam serve's counters of shedding and connections, from
+// its /metrics, for the log.
+func (s *server) counters() string {
+	resp, err := http.Get(s.url + "/metrics")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	var out []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		l := sc.Text()
+		for _, p := range []string{"dam_serve_shed_total", "dam_serve_overloaded_total", "dam_serve_connections_", "dam_serve_store_errors_total", "dam_serve_requests_total{endpoint=\"check\""} {
+			if strings.HasPrefix(l, p) {
+				out = append(out, l)
+			}
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // alive reports an error if the server exited.
