@@ -13,7 +13,9 @@
 //     next to dam-single on one server set up as its nodes, skipped when
 //     Citus is not installed), which prints its ratios;
 //   - dam serve: the internal/servebench program (open-loop load at rising
-//     request rates; the highest rate held with p99 under 250 ms).
+//     request rates; the highest rate held with p99 under 250 ms; then
+//     twice that rate, the goodput and the 503s' latency past capacity,
+//     and a client opening a connection per request).
 //
 // The raw `go test` output is streamed to stderr; the tables go to stdout.
 // A missed target is printed as MISS; the exit status is non-zero only when
