@@ -539,19 +539,9 @@ func endSum(ctx context.Context, adm *kadm.Client, topic string) (int64, error) 
 	return n, nil
 }
 
-func scrape(addr string) (histogram, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return histogram{}, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return histogram{}, err
-	}
-	return parseHistogram(string(body), histName), nil
-}
+func scrape(addr string) (histogram, error) { return scrapeHist(addr, histName) }
 
+// scrapeHist reads histogram name from dam's /metrics at addr.
 func scrapeHist(addr, name string) (histogram, error) {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
