@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/pipeline"
@@ -152,7 +153,7 @@ func Run(ctx context.Context, src Source, routes []config.Route, o Options) (*Re
 	budget := o.SummaryBytes
 	var base []*decider
 	for _, rc := range routes {
-		rt, err := pipeline.CompileRoute(rc)
+		rt, err := pipeline.CompileRoute(rc, canon.WithLocalDigest())
 		if err != nil {
 			return nil, fmt.Errorf("route %s: %w", rc.Service, err)
 		}
@@ -317,7 +318,7 @@ func (a *analysis) whatIf(ctx context.Context, base []*decider) error {
 			k++
 			rc := d.route.Config()
 			rc.Ignore = append(slices.Clip(rc.Ignore), p.Path)
-			rt, err := pipeline.CompileRoute(rc)
+			rt, err := pipeline.CompileRoute(rc, canon.WithLocalDigest())
 			if err != nil {
 				p.WhatIf = &WhatIf{Error: err.Error()}
 				continue

@@ -31,7 +31,7 @@ func keyOf(identity []byte) idKey {
 
 // slot is an identity's stored state: the part of dedup.Stored its
 // route's mode reads (a slot exists only for a found identity). Its
-// digest is cut to its scheme and 15 bytes of its SHA-256 (the rules only
+// digest is cut to its scheme and 15 bytes of its sum (the rules only
 // compare digests for equality); at is, as Unix nanoseconds (0: the zero
 // time), when the identity was last forwarded in last-seen mode (what
 // refresh_after reads), or its window's expiry in window mode, or its

@@ -71,8 +71,8 @@ func (b *Batch) Add(i int, value, dst []byte, vals []Value) ([]byte, error) {
 	scheme, msg, dst, err := h.prepare(st, value, dst, vals)
 	switch {
 	case err != nil:
-	case scheme == SchemeTombstone || !sha256x8.Enabled || len(msg) > laneMax:
-		b.done = append(b.done, indexed{i, digest(scheme, msg)})
+	case scheme == SchemeTombstone || !sha256x8.Enabled || len(msg) > laneMax || h.local != nil:
+		b.done = append(b.done, indexed{i, h.digest(scheme, msg)})
 	default:
 		start := len(b.buf)
 		b.buf = sha256x8.Pad(append(b.buf, msg...), len(msg))

@@ -75,6 +75,7 @@ package canon
 
 import (
 	"fmt"
+	"hash/maphash"
 	"sync"
 )
 
@@ -90,11 +91,12 @@ type Hasher struct {
 	format   Format
 	maxDepth int
 	maxSize  int
-	ptrs     [][]token // the ignore pointers, then the value pointers
-	all      uint64    // bit set of every pointer
-	values   uint64    // bit set of the value pointers
-	nIgnore  int       // the bit of value pointer i is nIgnore+i
-	vptrs    []string  // the value pointers as given
+	ptrs     [][]token   // the ignore pointers, then the value pointers
+	all      uint64      // bit set of every pointer
+	values   uint64      // bit set of the value pointers
+	nIgnore  int         // the bit of value pointer i is nIgnore+i
+	vptrs    []string    // the value pointers as given
+	local    *localSeeds // WithLocalDigest: the seeds, else nil (SHA-256)
 	pool     sync.Pool
 }
 
@@ -120,6 +122,9 @@ func New(opts ...Option) (*Hasher, error) {
 		return nil, errorf("canon: %d value pointers: at most %d", len(o.values), MaxValues)
 	}
 	h := &Hasher{format: o.format, maxDepth: o.maxDepth, maxSize: o.maxSize, nIgnore: len(o.ignore)}
+	if o.local {
+		h.local = &localSeeds{maphash.MakeSeed(), maphash.MakeSeed()}
+	}
 	for i, p := range append(o.ignore[:len(o.ignore):len(o.ignore)], o.values...) {
 		value := i >= len(o.ignore)
 		toks, err := compilePointer(p, value)
@@ -155,13 +160,13 @@ func (h *Hasher) Sum(value []byte) (Digest, error) {
 		if len(value) > h.maxSize {
 			return Digest{}, tooLarge(h, value)
 		}
-		return digest(SchemeBytes1, value), nil
+		return h.digest(SchemeBytes1, value), nil
 	}
 	var d Digest
 	st := h.pool.Get().(*state)
 	err := h.encode(st, value)
 	if err == nil {
-		d = digest(SchemeJSON1, st.out)
+		d = h.digest(SchemeJSON1, st.out)
 	}
 	h.put(st)
 	return d, err

@@ -60,6 +60,7 @@ type options struct {
 	maxDepth int
 	maxSize  int
 	format   Format
+	local    bool
 }
 
 // Option configures a Hasher.
@@ -86,6 +87,16 @@ func WithMaxDepth(n int) Option { return func(o *options) { o.maxDepth = n } }
 
 // WithMaxSize sets the maximum value size in bytes (default 1 MiB).
 func WithMaxSize(n int) Option { return func(o *options) { o.maxSize = n } }
+
+// WithLocalDigest makes the Hasher's digests comparable only with digests
+// of the same Hasher: instead of SHA-256, the encoding is hashed with two
+// 64-bit hashes seeded at random (hash/maphash), several times cheaper.
+// Two values equal as Sum defines it still have equal digests, and two
+// that differ collide with a probability near 2^-128 per pair, but no
+// other process, Hasher or release computes the same bytes: such digests
+// are for comparisons in memory (dam analyze), never to be stored, sent
+// or compared with a sidecar's. The scheme byte is kept.
+func WithLocalDigest() Option { return func(o *options) { o.local = true } }
 
 // WithFormat selects the format (default FormatJSON).
 func WithFormat(f Format) Option { return func(o *options) { o.format = f } }

@@ -5,7 +5,9 @@ package canon
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
+	"hash/maphash"
 	"strconv"
 )
 
@@ -91,7 +93,7 @@ func (h *Hasher) SumValues(value, dst []byte, vals []Value) (Digest, []byte, err
 	st := h.pool.Get().(*state)
 	scheme, msg, dst, err := h.prepare(st, value, dst, vals)
 	if err == nil {
-		d = digest(scheme, msg)
+		d = h.digest(scheme, msg)
 	}
 	h.put(st)
 	return d, dst, err
@@ -145,6 +147,21 @@ func (h *Hasher) prepare(st *state, value, dst []byte, vals []Value) (Scheme, []
 		return SchemeBytes1, value, dst, nil
 	}
 	return SchemeJSON1, st.out, dst, nil
+}
+
+// localSeeds seed a Hasher's local digests (WithLocalDigest).
+type localSeeds struct{ a, b maphash.Seed }
+
+// digest is h's Digest of msg under scheme, as prepare returned them:
+// digest's, or with WithLocalDigest two seeded 64-bit hashes.
+func (h *Hasher) digest(scheme Scheme, msg []byte) Digest {
+	if h.local == nil || scheme == SchemeTombstone {
+		return digest(scheme, msg)
+	}
+	d := Digest{byte(scheme)}
+	binary.LittleEndian.PutUint64(d[1:], maphash.Bytes(h.local.a, msg))
+	binary.LittleEndian.PutUint64(d[9:], maphash.Bytes(h.local.b, msg))
+	return d
 }
 
 // digest is the Digest of msg under scheme, as prepare returned them.

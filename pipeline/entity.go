@@ -46,9 +46,11 @@ type Route struct {
 }
 
 // CompileRoute compiles rc, which must come from a validated configuration
-// (config.Load or Config.Validate parse its entity).
-func CompileRoute(rc config.Route) (*Route, error) {
-	rt, err := compileRoute(rc)
+// (config.Load or Config.Validate parse its entity). opts are given to its
+// hasher after the route's own: dam analyze, which decides in memory, adds
+// canon.WithLocalDigest.
+func CompileRoute(rc config.Route, opts ...canon.Option) (*Route, error) {
+	rt, err := compileRoute(rc, opts...)
 	if err != nil {
 		return nil, err
 	}

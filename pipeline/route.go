@@ -63,7 +63,7 @@ type route struct {
 	cleanupBatch int
 }
 
-func compileRoute(rc config.Route) (*route, error) {
+func compileRoute(rc config.Route, opts ...canon.Option) (*route, error) {
 	if err := dedup.CheckService(rc.Service); err != nil {
 		return nil, fmt.Errorf("service: %w", err)
 	}
@@ -82,13 +82,13 @@ func compileRoute(rc config.Route) (*route, error) {
 		forwardUndecided: rc.OnStoreFailure == config.OnStoreFailureForward,
 	}
 	pointers := r.compileMode(rc)
-	h, err := canon.New(
+	h, err := canon.New(append([]canon.Option{
 		canon.WithFormat(format),
 		canon.WithIgnore(rc.Ignore...),
 		canon.WithMaxDepth(rc.MaxDepth),
 		canon.WithMaxSize(rc.MaxSize),
 		canon.WithValues(pointers...),
-	)
+	}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("route %s: %w", rc.Service, err)
 	}
