@@ -133,15 +133,29 @@ func (k *KafkaSource) resolve(ctx context.Context, cl *kgo.Client) error {
 
 // Read reads the span; the first call fixes it (see Source).
 func (k *KafkaSource) Read(ctx context.Context, topics []string, fn func([]*kgo.Record) (int, error)) error {
-	cl, err := kgo.NewClient(k.opts...)
+	// One client lists the offsets and reads: the partitions to read are
+	// added once the span is known.
+	rc, err := kgo.NewClient(append(slices.Clip(k.opts),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// A fetch is decided while the next is buffered: franz-go's
+		// default (50 MiB a response, decompressed) held about 1 GB at
+		// once on a backlog, for no speed. The sidecar's size.
+		kgo.FetchMaxBytes(4<<20),
+		// A transaction's marker holds an offset, and so ends a
+		// partition written transactionally: kept, it says where the
+		// reading is (a fetch of nothing is never polled).
+		kgo.KeepControlRecords(),
+		// The input is hostile: a batch inflates within the sidecar's
+		// bound (pipeline.max_decompressed_batch_bytes), not 1 GiB.
+		kgo.MaxDecompressBatchBytes(k.maxBatch))...)
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)
 	}
-	defer cl.Close()
+	defer rc.Close()
 	first := !k.read
 	k.read = true
 	if first {
-		if err := k.resolve(ctx, cl); err != nil {
+		if err := k.resolve(ctx, rc); err != nil {
 			return err
 		}
 	}
@@ -167,24 +181,7 @@ func (k *KafkaSource) Read(ctx context.Context, topics []string, fn func([]*kgo.
 	if open == 0 {
 		return nil
 	}
-	rc, err := kgo.NewClient(append(slices.Clip(k.opts),
-		kgo.ConsumePartitions(consume),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		// A fetch is decided while the next is buffered: franz-go's
-		// default (50 MiB a response, decompressed) held about 1 GB at
-		// once on a backlog, for no speed. The sidecar's size.
-		kgo.FetchMaxBytes(4<<20),
-		// A transaction's marker holds an offset, and so ends a
-		// partition written transactionally: kept, it says where the
-		// reading is (a fetch of nothing is never polled).
-		kgo.KeepControlRecords(),
-		// The input is hostile: a batch inflates within the sidecar's
-		// bound (pipeline.max_decompressed_batch_bytes), not 1 GiB.
-		kgo.MaxDecompressBatchBytes(k.maxBatch))...)
-	if err != nil {
-		return fmt.Errorf("kafka: %w", err)
-	}
-	defer rc.Close()
+	rc.AddConsumePartitions(consume)
 	// done closes a partition: at its end, or where fn stopped.
 	done := func(t string, p int32) {
 		delete(next[t], p)
