@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -20,6 +21,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"github.com/twmb/franz-go/plugin/kprom"
+	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
 
 	"github.com/dam-dedup/dam/config"
@@ -292,4 +295,70 @@ func (h *saslReadHook) failure() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.err
+}
+
+// heartbeatInterval is franz-go's default group heartbeat interval.
+const heartbeatInterval = 3 * time.Second
+
+// ownershipLease is how long a proof of owning a partition is trusted: the
+// group coordinator gives a silent member's partitions away a session
+// timeout after its last heartbeat, which was at most a heartbeat interval
+// before the proof; half of what is left keeps a margin.
+func ownershipLease(session time.Duration) time.Duration {
+	return max(session-heartbeatInterval, session/2) / 2
+}
+
+// fetchMaxBytes bounds one fetch response. Kafka still returns a record
+// batch larger than this on its own, so it never stalls a partition.
+const fetchMaxBytes = 4 << 20
+
+func (p *Pipeline) clientOptions() ([]kgo.Opt, error) {
+	topics := slices.Sorted(maps.Keys(p.routes))
+	routes := slices.Collect(maps.Values(p.routes))
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(p.cfg.Kafka.Brokers...),
+		kgo.ClientID(p.cfg.Kafka.ClientID),
+		kgo.WithLogger(kzap.New(p.log.Named("kafka"), kzap.Level(kgo.LogLevelWarn))),
+		kgo.WithHooks(kprom.NewMetrics("dam_kafka", kprom.Registerer(p.reg))),
+		// Consumer: a group over every route's input, read_committed, no
+		// auto-commit: offsets are committed only after delivery.
+		kgo.ConsumerGroup(p.cfg.Kafka.Group),
+		kgo.ConsumeTopics(topics...),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		// (franz-go fetches committed offsets require-stable, always.)
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.SessionTimeout(p.cfg.Kafka.SessionTimeout),
+		kgo.RebalanceTimeout(p.cfg.Kafka.RebalanceTimeout),
+		// Recovery sets every assigned partition's offset; these apply
+		// only when a committed offset fell below the log start (retention):
+		// resume at the log start, so every record that still exists is
+		// read.
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// One fetch is buffered while the workers are busy, decompressed,
+		// on top of the max_in_flight budget: franz-go's default (50 MiB)
+		// doubled peak memory and gained nothing.
+		kgo.FetchMaxBytes(fetchMaxBytes),
+		// Decompression bounded per batch and per poll (decompress.go).
+		kgo.WithDecompressor(p.dec),
+		kgo.OnPartitionsAssigned(p.onJoined),
+		kgo.AdjustFetchOffsetsFn(p.onAssigned),
+		kgo.OnPartitionsRevoked(p.onRevoked),
+		kgo.OnPartitionsLost(p.onLost),
+		// Producer: acks=all and idempotence (franz-go's defaults, stated),
+		// records partitioned by key with murmur2 or preserved, batches
+		// bounded by each output topic's max.message.bytes.
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(newPartitioner(routes)),
+		kgo.ProducerLinger(0),
+		kgo.ProducerBatchMaxBytesFn(p.limits.get),
+		kgo.MaxBufferedRecords(max(p.cfg.Pipeline.MaxInFlight*2, 10000)),
+	}
+	// TLS, SASL and compression (kafkaopts.go).
+	kopts, err := KafkaOptions(p.cfg.Kafka)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	opts = append(opts, kopts...)
+	return append(opts, p.kopts...), nil
 }

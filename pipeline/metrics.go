@@ -1,8 +1,14 @@
 package pipeline
 
 import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/dam-dedup/dam/dedup"
 )
@@ -176,5 +182,85 @@ func (c *partitionsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for svc, n := range counts {
 		ch <- prometheus.MustNewConstMetric(c.assigned, prometheus.GaugeValue, float64(n), svc)
+	}
+}
+
+// stateRowsEvery is the refresh interval of dam_state_rows; a service of
+// fewer than stateRowsSmall rows, cheap to count, is counted every
+// stateRowsSmallEvery, so that a new service's first rows show at once.
+const (
+	stateRowsEvery      = time.Minute
+	stateRowsSmall      = 10000
+	stateRowsSmallEvery = 5 * time.Second
+)
+
+// stateRowsLoop refreshes dam_state_rows, counting only this instance's
+// services (every replica of every adapter's dam runs it, so it must not
+// read the whole table).
+func (p *Pipeline) stateRowsLoop(ctx context.Context) {
+	type counted struct {
+		at   time.Time
+		rows int64
+	}
+	services := map[string]counted{}
+	for _, r := range p.routes {
+		services[r.service] = counted{}
+	}
+	t := time.NewTicker(stateRowsSmallEvery)
+	defer t.Stop()
+	for {
+		for service, c := range services {
+			if time.Since(c.at) < stateRowsEvery && (c.rows >= stateRowsSmall || time.Since(c.at) < stateRowsSmallEvery) {
+				continue
+			}
+			if n, err := p.store.Count(ctx, service); err == nil {
+				p.metrics.stateRows.WithLabelValues(service).Set(float64(n))
+				services[service] = counted{at: time.Now(), rows: n}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// endsEvery is how often the partitions' end offsets are listed for the
+// lag of partitions that are not fetched (halted, paused).
+const endsEvery = 15 * time.Second
+
+// endsLoop lists the owned partitions' end offsets every endsEvery, so
+// that the lag of a partition nothing is fetched of (halted, paused by
+// an outage) keeps growing as records arrive. It returns when ctx ends.
+func (p *Pipeline) endsLoop(ctx context.Context) {
+	t := time.NewTicker(endsEvery)
+	defer t.Stop()
+	adm := kadm.NewClient(p.client)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ws := p.allWorkers()
+		topics := map[string]bool{}
+		for _, w := range ws {
+			topics[w.part.Topic] = true
+		}
+		if len(topics) == 0 {
+			continue
+		}
+		lctx, cancel := context.WithTimeout(ctx, endsEvery)
+		ends, err := adm.ListEndOffsets(lctx, slices.Collect(maps.Keys(topics))...)
+		cancel()
+		if err != nil {
+			continue // the probes report an unreachable broker
+		}
+		for _, w := range ws {
+			if o, ok := ends.Lookup(w.part.Topic, w.part.Partition); ok && o.Err == nil {
+				w.sawEnd(o.Offset)
+			}
+		}
 	}
 }

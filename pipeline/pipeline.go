@@ -26,6 +26,14 @@
 //     check, and Run at start): brokers, every route's topics, limits;
 //   - tap.go: the live stream of decisions (Tap, dam tap);
 //   - worker.go: a partition's two goroutines and their lifecycle;
+//   - group.go: the consumer group's callbacks (joined, assigned,
+//     revoked, lost) and the registry of the partitions' workers;
+//   - kafkaopts.go: the Kafka client's options (TLS, SASL, the group's
+//     timeouts, fetch and produce bounds);
+//   - metrics.go: the metrics, and the loops that refresh the gauges
+//     nothing else updates (state rows, the lag of unfetched partitions);
+//   - transact.go: exactly-once mode's rounds;
+//   - pipeline.go: New, Run, the poll loop and shutdown;
 //   - errors.go: the sentinel errors.
 //
 // Each assigned partition has a worker: a decider goroutine and a deliverer
@@ -62,18 +70,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kprom"
-	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
 
 	"github.com/dam-dedup/dam/canon"
@@ -233,72 +236,6 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Pipeline, erro
 		return nil, fmt.Errorf("pipeline: registering metrics: %w", err)
 	}
 	return p, nil
-}
-
-// heartbeatInterval is franz-go's default group heartbeat interval.
-const heartbeatInterval = 3 * time.Second
-
-// ownershipLease is how long a proof of owning a partition is trusted: the
-// group coordinator gives a silent member's partitions away a session
-// timeout after its last heartbeat, which was at most a heartbeat interval
-// before the proof; half of what is left keeps a margin.
-func ownershipLease(session time.Duration) time.Duration {
-	return max(session-heartbeatInterval, session/2) / 2
-}
-
-// fetchMaxBytes bounds one fetch response. Kafka still returns a record
-// batch larger than this on its own, so it never stalls a partition.
-const fetchMaxBytes = 4 << 20
-
-func (p *Pipeline) clientOptions() ([]kgo.Opt, error) {
-	topics := slices.Sorted(maps.Keys(p.routes))
-	routes := slices.Collect(maps.Values(p.routes))
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(p.cfg.Kafka.Brokers...),
-		kgo.ClientID(p.cfg.Kafka.ClientID),
-		kgo.WithLogger(kzap.New(p.log.Named("kafka"), kzap.Level(kgo.LogLevelWarn))),
-		kgo.WithHooks(kprom.NewMetrics("dam_kafka", kprom.Registerer(p.reg))),
-		// Consumer: a group over every route's input, read_committed, no
-		// auto-commit: offsets are committed only after delivery.
-		kgo.ConsumerGroup(p.cfg.Kafka.Group),
-		kgo.ConsumeTopics(topics...),
-		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
-		// (franz-go fetches committed offsets require-stable, always.)
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.SessionTimeout(p.cfg.Kafka.SessionTimeout),
-		kgo.RebalanceTimeout(p.cfg.Kafka.RebalanceTimeout),
-		// Recovery sets every assigned partition's offset; these apply
-		// only when a committed offset fell below the log start (retention):
-		// resume at the log start, so every record that still exists is
-		// read.
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		// One fetch is buffered while the workers are busy, decompressed,
-		// on top of the max_in_flight budget: franz-go's default (50 MiB)
-		// doubled peak memory and gained nothing.
-		kgo.FetchMaxBytes(fetchMaxBytes),
-		// Decompression bounded per batch and per poll (decompress.go).
-		kgo.WithDecompressor(p.dec),
-		kgo.OnPartitionsAssigned(p.onJoined),
-		kgo.AdjustFetchOffsetsFn(p.onAssigned),
-		kgo.OnPartitionsRevoked(p.onRevoked),
-		kgo.OnPartitionsLost(p.onLost),
-		// Producer: acks=all and idempotence (franz-go's defaults, stated),
-		// records partitioned by key with murmur2 or preserved, batches
-		// bounded by each output topic's max.message.bytes.
-		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordPartitioner(newPartitioner(routes)),
-		kgo.ProducerLinger(0),
-		kgo.ProducerBatchMaxBytesFn(p.limits.get),
-		kgo.MaxBufferedRecords(max(p.cfg.Pipeline.MaxInFlight*2, 10000)),
-	}
-	// TLS, SASL and compression (kafkaopts.go).
-	kopts, err := KafkaOptions(p.cfg.Kafka)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	opts = append(opts, kopts...)
-	return append(opts, p.kopts...), nil
 }
 
 // Run consumes until ctx is canceled, then finishes the batches in flight
@@ -559,302 +496,6 @@ func (p *Pipeline) worker(topic string, part int32) *worker {
 
 func (p *Pipeline) dpart(rt *route, part int32) dedup.Partition {
 	return dedup.Partition{Group: p.cfg.Kafka.Group, Topic: rt.from, Partition: part}
-}
-
-// onJoined marks the group joined. franz-go calls it after every join, even
-// with nothing assigned: an instance with no partition (more replicas than
-// partitions) is a ready standby.
-//
-// It also takes back the partitions this member was fenced from and still
-// holds. A member that paused past its session timeout (a zombie) can
-// rejoin claiming the partitions it had: a cooperative rebalance then
-// leaves it some of them without revoking or assigning them, while their
-// workers are parked on the fence that the interim owner's recovery set.
-// Once a rebalance has completed, a partition this member holds is its
-// own (a cooperative rebalance moves a partition only after its previous
-// owner revoked it), so it is recovered anew and fetched again from its
-// recovered start; without this it would stay parked until the next
-// rebalance, for good if none came. Partitions whose recovery failed on
-// an error that retrying may fix (holdUnrecovered) are recovered again
-// the same way.
-func (p *Pipeline) onJoined(ctx context.Context, cl *kgo.Client, _ map[string][]int32) {
-	<-p.clientSet
-	p.mu.Lock()
-	p.joined = true
-	var fenced []*worker
-	for _, parts := range p.workers {
-		for _, w := range parts {
-			if err := w.health.parkedErr(); errors.Is(err, dedup.ErrFenced) || errors.Is(err, errRecoverAgain) {
-				fenced = append(fenced, w)
-			}
-		}
-	}
-	p.mu.Unlock()
-	if len(fenced) == 0 {
-		return
-	}
-	held := map[string]map[int32]kgo.Offset{}
-	names := map[string][]int32{}
-	for _, w := range fenced {
-		if held[w.rt.from] == nil {
-			held[w.rt.from] = map[int32]kgo.Offset{}
-		}
-		held[w.rt.from][w.part.Partition] = kgo.NewOffset()
-		names[w.rt.from] = append(names[w.rt.from], w.part.Partition)
-	}
-	p.log.Warn("partitions fenced earlier, or whose recovery failed on an error retrying may fix, are still held after the rebalance: recovering them again", zap.Any("partitions", names))
-	stopAll(fenced, false, p.cfg.Pipeline.ShutdownGrace)
-	p.unregister(fenced)
-	starts, err := p.onAssigned(ctx, held)
-	if err != nil {
-		p.holdUnrecovered(held, err)
-		return
-	}
-	set := map[string]map[int32]kgo.EpochOffset{}
-	for topic, parts := range starts {
-		set[topic] = map[int32]kgo.EpochOffset{}
-		for part, o := range parts {
-			set[topic][part] = o.EpochOffset()
-		}
-	}
-	// The parked workers dropped what was fetched for them: fetch again
-	// from where recovery starts.
-	cl.SetOffsets(set)
-}
-
-// onAssigned runs recovery (recover.go) for newly assigned partitions,
-// starts their workers and tells franz-go where to start fetching.
-func (p *Pipeline) onAssigned(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
-	<-p.clientSet
-	ctx, stop := mergeCtx(ctx, p.runCtx)
-	defer stop()
-	var started []*worker
-	fail := func(err error) (map[string]map[int32]kgo.Offset, error) {
-		stopAll(started, false, p.cfg.Pipeline.ShutdownGrace)
-		p.unregister(started)
-		return nil, err
-	}
-	for topic, parts := range offsets {
-		rt := p.routes[topic]
-		if rt == nil {
-			continue
-		}
-		recovered, err := p.recoverPartitions(ctx, rt, slices.Sorted(maps.Keys(parts)))
-		if err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
-			// Recovery failed for good (the store refuses it): these
-			// partitions stay assigned, halted where it shows (not
-			// ready, dam_halted) and unfetched, until they are assigned
-			// anew; the others go on. Handing the error to franz-go would
-			// make it leave and rejoin the group, over and over,
-			// rebalancing every member, with nothing halted to see.
-			p.holdUnrecovered(map[string]map[int32]kgo.Offset{topic: parts}, err)
-			continue
-		}
-		if err != nil {
-			return fail(err)
-		}
-		for part, r := range recovered {
-			w := newWorker(p.base, p.deps, rt, part, r,
-				p.log.With(zap.String("service", rt.service), zap.String("topic", rt.from), zap.Int32("partition", part)))
-			p.mu.Lock()
-			if p.stopping {
-				p.mu.Unlock()
-				return fail(context.Canceled)
-			}
-			old := p.workers[topic][part]
-			if p.workers[topic] == nil {
-				p.workers[topic] = map[int32]*worker{}
-			}
-			p.workers[topic][part] = w
-			p.mu.Unlock()
-			if old != nil { // cannot happen: franz-go revokes before it reassigns
-				old.stop(false, p.cfg.Pipeline.ShutdownGrace)
-			}
-			w.start()
-			started = append(started, w)
-			parts[part] = r.start.WithEpoch(-1)
-			if r.halt != nil {
-				w.park(r.halt)
-				p.client.PauseFetchPartitions(map[string][]int32{topic: {part}})
-			}
-		}
-		// A partition halted in exactly-once mode is paused (transact.go);
-		// assigned anew, it is fetched again, unless recovery halts it.
-		var resume []int32
-		for part := range parts {
-			if r, ok := recovered[part]; ok && r.halt == nil {
-				resume = append(resume, part)
-			}
-		}
-		p.client.ResumeFetchPartitions(map[string][]int32{topic: resume})
-	}
-	return offsets, nil
-}
-
-// onRevoked lets each revoked partition deliver and commit what it has
-// decided (or stops it hard after the grace period) before another member
-// takes it.
-func (p *Pipeline) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	<-p.clientSet
-	p.sessionMustEnd()
-	ws := p.lookup(revoked)
-	if len(ws) > 0 {
-		p.log.Info("partitions revoked: finishing them", zap.Any("partitions", revoked))
-	}
-	stopAll(ws, true, p.cfg.Pipeline.ShutdownGrace)
-	p.unregister(ws)
-}
-
-// onLost stops lost partitions at once: another member may own them
-// already, so nothing more is produced or committed (its recovery replays
-// the rest).
-func (p *Pipeline) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	<-p.clientSet
-	p.sessionMustEnd()
-	ws := p.lookup(lost)
-	if len(ws) > 0 {
-		p.log.Warn("partitions lost: stopping them at once", zap.Any("partitions", lost))
-	}
-	stopAll(ws, false, p.cfg.Pipeline.ShutdownGrace)
-	p.unregister(ws)
-}
-
-func (p *Pipeline) lookup(tps map[string][]int32) []*worker {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var ws []*worker
-	for t, parts := range tps {
-		for _, part := range parts {
-			if w := p.workers[t][part]; w != nil {
-				ws = append(ws, w)
-			}
-		}
-	}
-	return ws
-}
-
-func (p *Pipeline) unregister(ws []*worker) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, w := range ws {
-		if p.workers[w.part.Topic][w.part.Partition] == w {
-			delete(p.workers[w.part.Topic], w.part.Partition)
-		}
-	}
-}
-
-// defaultMaxMessageBytes is Kafka's default max.message.bytes (and
-// message.max.bytes), used for a topic whose setting cannot be read.
-const defaultMaxMessageBytes = 1048588
-
-// recordOverhead is the room a route's max_size must leave below its output
-// topic's max.message.bytes: the record batch header (61 bytes), the
-// record's framing, and a key and headers of a few hundred bytes.
-const recordOverhead = 1024
-
-// batchLimits is each output topic's max.message.bytes, read at start: the
-// producer's batch limit per topic.
-type batchLimits struct {
-	mu sync.Mutex
-	m  map[string]int32
-}
-
-func (l *batchLimits) get(topic string) int32 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if v, ok := l.m[topic]; ok {
-		return v
-	}
-	return defaultMaxMessageBytes
-}
-
-func (l *batchLimits) set(topic string, v int32) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.m == nil {
-		l.m = map[string]int32{}
-	}
-	l.m[topic] = v
-}
-
-// stateRowsEvery is the refresh interval of dam_state_rows; a service of
-// fewer than stateRowsSmall rows, cheap to count, is counted every
-// stateRowsSmallEvery, so that a new service's first rows show at once.
-const (
-	stateRowsEvery      = time.Minute
-	stateRowsSmall      = 10000
-	stateRowsSmallEvery = 5 * time.Second
-)
-
-// stateRowsLoop refreshes dam_state_rows, counting only this instance's
-// services (every replica of every adapter's dam runs it, so it must not
-// read the whole table).
-func (p *Pipeline) stateRowsLoop(ctx context.Context) {
-	type counted struct {
-		at   time.Time
-		rows int64
-	}
-	services := map[string]counted{}
-	for _, r := range p.routes {
-		services[r.service] = counted{}
-	}
-	t := time.NewTicker(stateRowsSmallEvery)
-	defer t.Stop()
-	for {
-		for service, c := range services {
-			if time.Since(c.at) < stateRowsEvery && (c.rows >= stateRowsSmall || time.Since(c.at) < stateRowsSmallEvery) {
-				continue
-			}
-			if n, err := p.store.Count(ctx, service); err == nil {
-				p.metrics.stateRows.WithLabelValues(service).Set(float64(n))
-				services[service] = counted{at: time.Now(), rows: n}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// endsEvery is how often the partitions' end offsets are listed for the
-// lag of partitions that are not fetched (halted, paused).
-const endsEvery = 15 * time.Second
-
-// endsLoop lists the owned partitions' end offsets every endsEvery, so
-// that the lag of a partition nothing is fetched of (halted, paused by
-// an outage) keeps growing as records arrive. It returns when ctx ends.
-func (p *Pipeline) endsLoop(ctx context.Context) {
-	t := time.NewTicker(endsEvery)
-	defer t.Stop()
-	adm := kadm.NewClient(p.client)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		ws := p.allWorkers()
-		topics := map[string]bool{}
-		for _, w := range ws {
-			topics[w.part.Topic] = true
-		}
-		if len(topics) == 0 {
-			continue
-		}
-		lctx, cancel := context.WithTimeout(ctx, endsEvery)
-		ends, err := adm.ListEndOffsets(lctx, slices.Collect(maps.Keys(topics))...)
-		cancel()
-		if err != nil {
-			continue // the probes report an unreachable broker
-		}
-		for _, w := range ws {
-			if o, ok := ends.Lookup(w.part.Topic, w.part.Partition); ok && o.Err == nil {
-				w.sawEnd(o.Offset)
-			}
-		}
-	}
 }
 
 // sha256Path says, for the start-up log, how this CPU hashes a batch's

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -460,4 +461,38 @@ func (pr *probes) topicProblem() *NotReadyError {
 		reason += fmt.Sprintf(", and %d more", len(names)-1)
 	}
 	return &NotReadyError{reason, fmt.Errorf("%w: %s: %s; fix: %s", ErrNotReady, c.Name, c.Detail, c.Fix)}
+}
+
+// defaultMaxMessageBytes is Kafka's default max.message.bytes (and
+// message.max.bytes), used for a topic whose setting cannot be read.
+const defaultMaxMessageBytes = 1048588
+
+// recordOverhead is the room a route's max_size must leave below its output
+// topic's max.message.bytes: the record batch header (61 bytes), the
+// record's framing, and a key and headers of a few hundred bytes.
+const recordOverhead = 1024
+
+// batchLimits is each output topic's max.message.bytes, read at start: the
+// producer's batch limit per topic.
+type batchLimits struct {
+	mu sync.Mutex
+	m  map[string]int32
+}
+
+func (l *batchLimits) get(topic string) int32 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if v, ok := l.m[topic]; ok {
+		return v
+	}
+	return defaultMaxMessageBytes
+}
+
+func (l *batchLimits) set(topic string, v int32) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = map[string]int32{}
+	}
+	l.m[topic] = v
 }
