@@ -528,7 +528,7 @@ func (w *worker) emit(j *job) error {
 	j.inputs, w.unreleased = w.unreleased, 0
 	j.inBytes, w.unreleasedBytes = w.unreleasedBytes, 0
 	if w.d.transactional {
-		w.round = append(w.round, j)
+		w.eos.round = append(w.eos.round, j)
 		return j.halt
 	}
 	return w.send(j)

@@ -195,9 +195,9 @@ func (w *worker) precheck(j *job) {
 			continue
 		}
 		limit := int(w.d.limits.get(o.rec.Topic))
-		err := w.refusedAt[o.src.Offset]
+		err := w.eos.refusedAt[o.src.Offset]
 		if o.outcome == outcomeRefused {
-			err = w.letterRefusedAt[o.src.Offset]
+			err = w.eos.letterRefusedAt[o.src.Offset]
 		}
 		if n := recordBatchSize(o.rec); err == nil && n > limit {
 			err = fmt.Errorf("%w (the record takes %d bytes in a batch of its own; %s accepts %d)", kerr.MessageTooLarge, n, o.rec.Topic, limit)

@@ -67,7 +67,7 @@ func failNextTxnOffsetCommit(kc *testkafka.Cluster, then func()) <-chan struct{}
 //
 // docs/delivery.md: "A shutdown ends within pipeline.shutdown_grace in
 // both modes." In exactly-once mode a round that does not commit sets its
-// partitions to be planned again (uncommitted -> w.replanning), and
+// partitions to be planned again (uncommitted -> w.eos.replanning), and
 // transactLoop runs replanPending() before the next poll. replan() reads
 // P with storeCtx(w.dctx): bounded only by the store timeout
 // (2 x statement_timeout + lock_timeout + 5 s = 17 s here) and by the
@@ -298,7 +298,7 @@ func TestBreakHugeKeyExactlyOnceLoops(t *testing.T) {
 // buffered is dropped. dam's worker knows nothing of that rewind unless
 // the partition was in the aborted round (then it is planned again).
 //
-// A partition holding a replay (w.plan.replay, its jobs held in w.round
+// A partition holding a replay (w.plan.replay, its jobs held in w.eos.round
 // until the replay is complete) is polled in a round that ends without
 // any End (round: "Only held replays and catch-up: nothing to deliver or
 // commit"), so franz-go's polled head for it moves past its idea of the

@@ -132,7 +132,7 @@ func (p *Pipeline) transactLoop(ctx context.Context, sess *kgo.GroupTransactSess
 			return nil
 		}
 		p.dec.polled()
-		p.takeUndecompressable(sess.Client(), fetches, func(w *worker) int64 { return w.taken })
+		p.takeUndecompressable(sess.Client(), fetches, func(w *worker) int64 { return w.eos.taken })
 		fetches.EachError(p.fetchError)
 		// A round holds what it polled until it ends (dam_records_in_flight).
 		n, size := int64(0), int64(0)
@@ -189,7 +189,7 @@ func (p *Pipeline) endSession(hard context.Context, sess *kgo.GroupTransactSessi
 }
 
 // reposition sets each partition's fetch position to where its worker
-// continues (worker.taken). franz-go's End, when it does not commit,
+// continues (eosState.taken). franz-go's End, when it does not commit,
 // rewinds every partition it tracks to the offset it believes committed,
 // including partitions that were not in the round, and that belief is not
 // dam's: a replay held across rounds would read records again, or a
@@ -199,13 +199,13 @@ func (p *Pipeline) reposition() {
 	p.mu.Lock()
 	for topic, parts := range p.workers {
 		for part, w := range parts {
-			if w.replanning || w.health.isParked() || w.taken < 0 {
+			if w.eos.replanning || w.health.isParked() || w.eos.taken < 0 {
 				continue
 			}
 			if set[topic] == nil {
 				set[topic] = map[int32]kgo.EpochOffset{}
 			}
-			set[topic][part] = kgo.EpochOffset{Epoch: -1, Offset: w.taken}
+			set[topic][part] = kgo.EpochOffset{Epoch: -1, Offset: w.eos.taken}
 		}
 	}
 	p.mu.Unlock()
@@ -238,39 +238,12 @@ type roundPart struct {
 // round decides what was polled and delivers it in one transaction. It
 // returns nil once the transaction committed (or there was nothing to do);
 // otherwise the error, after the round's partitions are set to be planned
-// again.
+// again. Its phases: take the polled records (roundParts), decide them
+// (decideRound), produce what they deliver (produceRound), and end the
+// transaction with the offsets the jobs allow (endRound).
 func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSession, fetches kgo.Fetches) error {
 	polled := time.Now()
-	var parts []*roundPart
-	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
-		w := p.worker(ftp.Topic, ftp.Partition)
-		if w != nil {
-			w.sawEnd(ftp.HighWatermark)
-		}
-		if len(ftp.Records) == 0 {
-			return
-		}
-		if w == nil || w.health.isParked() || w.replanning {
-			// Revoked meanwhile (the transaction aborts: franz-go sees the
-			// revocation), halted, or waiting to be planned again: its
-			// records are not decided here, and the round commits nothing
-			// of it (roundCommits names only the partitions it decided).
-			if w != nil && w.health.isParked() {
-				p.holdHalted(w)
-			}
-			return
-		}
-		recs := ftp.Records
-		if i := sort.Search(len(recs), func(i int) bool { return recs[i].Offset >= w.taken }); i > 0 {
-			// Read again after franz-go rewound the partition: the worker
-			// has them already.
-			recs = recs[i:]
-			if len(recs) == 0 {
-				return
-			}
-		}
-		parts = append(parts, &roundPart{w: w, recs: recs})
-	})
+	parts := p.roundParts(fetches)
 	if len(parts) == 0 {
 		return nil
 	}
@@ -285,7 +258,72 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 		stopRetries()
 	}()
 
-	// 1. Decide, partitions in parallel.
+	if err := p.decideRound(hard, retryCtx, parts, polled); err != nil {
+		return p.uncommitted(hard, sess, parts, err)
+	}
+	commits := p.roundCommits(parts)
+	produce := false
+	for _, rp := range parts {
+		for _, j := range rp.jobs {
+			produce = produce || len(j.out) > 0
+		}
+	}
+	if !produce && len(commits) == 0 {
+		// Only held replays and catch-up: nothing to deliver or commit.
+		p.delivered(parts)
+		return nil
+	}
+	if err := p.produceRound(hard, sess, parts); err != nil {
+		return p.uncommitted(hard, sess, parts, err)
+	}
+	if err := p.endRound(hard, sess, commits); err != nil {
+		return p.uncommitted(hard, sess, parts, err)
+	}
+	p.delivered(parts)
+	p.recordDelivered(hard, commits)
+	return nil
+}
+
+// roundParts takes what was polled for the round: each partition's
+// records that its worker has not taken yet.
+func (p *Pipeline) roundParts(fetches kgo.Fetches) []*roundPart {
+	var parts []*roundPart
+	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
+		w := p.worker(ftp.Topic, ftp.Partition)
+		if w != nil {
+			w.sawEnd(ftp.HighWatermark)
+		}
+		if len(ftp.Records) == 0 {
+			return
+		}
+		if w == nil || w.health.isParked() || w.eos.replanning {
+			// Revoked meanwhile (the transaction aborts: franz-go sees the
+			// revocation), halted, or waiting to be planned again: its
+			// records are not decided here, and the round commits nothing
+			// of it (roundCommits names only the partitions it decided).
+			if w != nil && w.health.isParked() {
+				p.holdHalted(w)
+			}
+			return
+		}
+		recs := ftp.Records
+		if i := sort.Search(len(recs), func(i int) bool { return recs[i].Offset >= w.eos.taken }); i > 0 {
+			// Read again after franz-go rewound the partition: the worker
+			// has them already.
+			recs = recs[i:]
+			if len(recs) == 0 {
+				return
+			}
+		}
+		parts = append(parts, &roundPart{w: w, recs: recs})
+	})
+	return parts
+}
+
+// decideRound is a round's first phase: it decides every part, partitions
+// in parallel, and returns the errors joined. A partition whose error no
+// retry fixes halts.
+func (p *Pipeline) decideRound(hard, retryCtx context.Context, parts []*roundPart, polled time.Time) error {
 	var wg sync.WaitGroup
 	for _, rp := range parts {
 		wg.Add(1)
@@ -294,10 +332,10 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 			w := rp.w
 			ops, stopOps := mergeCtx(w.dctx, hard)
 			retries, stopR := mergeCtx(w.dctx, retryCtx)
-			w.roundOps, w.roundRetry = ops, retries
+			w.eos.ops, w.eos.retry = ops, retries
 			rp.jobs, rp.err = w.decideRound(rp.recs, polled)
-			w.taken = rp.recs[len(rp.recs)-1].Offset + 1
-			w.roundOps, w.roundRetry = nil, nil
+			w.eos.taken = rp.recs[len(rp.recs)-1].Offset + 1
+			w.eos.ops, w.eos.retry = nil, nil
 			stopOps()
 			stopR()
 			if rp.err != nil {
@@ -331,30 +369,18 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 			p.holdHalted(rp.w)
 		}
 	}
-	if cause != nil {
-		return p.uncommitted(hard, sess, parts, cause)
-	}
-	commits := p.roundCommits(parts)
-	produce := false
-	for _, rp := range parts {
-		for _, j := range rp.jobs {
-			produce = produce || len(j.out) > 0
-		}
-	}
-	if !produce && len(commits) == 0 {
-		// Only held replays and catch-up: nothing to deliver or commit.
-		p.delivered(parts)
-		return nil
-	}
+	return cause
+}
 
-	// 2. Deliver: one transaction for every record the round delivers and
-	// the offsets its partitions' jobs allow.
+// produceRound is a round's second phase: it begins the transaction and
+// produces every record the round delivers, waiting for each.
+func (p *Pipeline) produceRound(hard context.Context, sess *kgo.GroupTransactSession, parts []*roundPart) error {
 	if err := sess.Begin(); err != nil {
 		// franz-go recovers what can be recovered before it refuses to
 		// begin: a producer that cannot begin never will (a newer
 		// producer with this transactional id can leave it in
 		// INVALID_TXN_STATE rather than PRODUCER_FENCED).
-		return p.uncommitted(hard, sess, parts, fmt.Errorf("%w %q: beginning a transaction: %w", errProducerFenced, p.transactionalID(), err))
+		return fmt.Errorf("%w %q: beginning a transaction: %w", errProducerFenced, p.transactionalID(), err)
 	}
 	var (
 		pwg   sync.WaitGroup
@@ -375,9 +401,9 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 					defer mu.Unlock()
 					switch {
 					case refusedForGood(err) && o.outcome == outcomeRefused:
-						rp.w.letterRefusedAt[o.src.Offset] = err // its replay halts there
+						rp.w.eos.letterRefusedAt[o.src.Offset] = err // its replay halts there
 					case refusedForGood(err):
-						rp.w.refusedAt[o.src.Offset] = err // its replay dead-letters it
+						rp.w.eos.refusedAt[o.src.Offset] = err // its replay dead-letters it
 					}
 					if first == nil {
 						first = fmt.Errorf("produce to %s: %w", o.rec.Topic, err)
@@ -391,23 +417,27 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 	}
 	pwg.Wait()
 	if first != nil {
-		return p.uncommitted(hard, sess, parts, first)
+		return first
 	}
 	for _, rp := range parts {
 		if len(rp.jobs) > 0 {
 			rp.w.step(StepAcked)
 		}
 	}
-	// End waits for a heartbeat between committing the offsets and
-	// EndTxn. If the group session broke meanwhile (a heartbeat lost with
-	// its connection), franz-go's manage loop waits for AllowRebalance,
-	// which comes after End, and End waits for that loop: bounded by the
-	// transaction timeout (past it the broker aborts the transaction
-	// anyway), End gives up, aborts, and franz-go re-initializes the
-	// producer id on the abort below, which fences whatever is left.
-	//
-	// franz-go commits every polled offset; the round rewrites its
-	// TxnOffsetCommit to the offsets its jobs allow (roundCommits).
+	return nil
+}
+
+// endRound is a round's last phase: it commits the transaction, with the
+// offsets commits names in place of those franz-go polled.
+//
+// End waits for a heartbeat between committing the offsets and EndTxn. If
+// the group session broke meanwhile (a heartbeat lost with its
+// connection), franz-go's manage loop waits for AllowRebalance, which
+// comes after End, and End waits for that loop: bounded by the
+// transaction timeout (past it the broker aborts the transaction anyway),
+// End gives up, aborts, and franz-go re-initializes the producer id on the
+// abort that follows (uncommitted), which fences whatever is left.
+func (p *Pipeline) endRound(hard context.Context, sess *kgo.GroupTransactSession, commits map[string]map[int32]kgo.EpochOffset) error {
 	endCtx, cancel := context.WithTimeout(hard, p.cfg.Kafka.TransactionTimeout)
 	committed, err := sess.End(kgo.PreTxnCommitFnContext(endCtx, rewriteCommits(commits)), kgo.TryCommit)
 	cancel()
@@ -416,10 +446,8 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 		if err == nil {
 			err = errors.New("the transaction was aborted (a rebalance, or the group fenced this member)")
 		}
-		return p.uncommitted(hard, sess, parts, p.fenced(err))
+		return p.fenced(err)
 	}
-	p.delivered(parts)
-	p.recordDelivered(hard, commits)
 	return nil
 }
 
@@ -563,7 +591,7 @@ func (p *Pipeline) uncommitted(hard context.Context, sess *kgo.GroupTransactSess
 		}
 		w.health.pause(sideDeliver, cause)
 		w.dropRound()
-		w.replanning = true
+		w.eos.replanning = true
 		// Not fetched until it is planned again: what is buffered of it
 		// would be read from the wrong place.
 		p.client.PauseFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
@@ -583,7 +611,7 @@ func (p *Pipeline) replanPending(ctx context.Context) (pending bool) {
 	var ws []*worker
 	for _, parts := range p.workers {
 		for _, w := range parts {
-			if w.replanning {
+			if w.eos.replanning {
 				ws = append(ws, w)
 			}
 		}
@@ -591,18 +619,18 @@ func (p *Pipeline) replanPending(ctx context.Context) (pending bool) {
 	p.mu.Unlock()
 	for _, w := range ws {
 		if w.dctx.Err() != nil || w.health.isParked() {
-			w.replanning = false
+			w.eos.replanning = false
 			continue
 		}
 		err := p.replan(ctx, w)
 		switch {
 		case err == nil:
-			w.replanning = false
+			w.eos.replanning = false
 			w.health.resume(sideDeliver)
 			p.client.ResumeFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
 		case w.dctx.Err() != nil || ctx.Err() != nil:
 		case errors.Is(err, dedup.ErrFenced) || !transientReplan(err):
-			w.replanning = false
+			w.eos.replanning = false
 			w.park(err)
 			p.holdHalted(w)
 		default:
@@ -659,7 +687,7 @@ func (p *Pipeline) replan(parent context.Context, w *worker) error {
 	if err != nil {
 		return &storeError{err}
 	}
-	w.plan, w.next, w.fetchFrom, w.pending, w.taken = r.plan, r.next, r.startAt, nil, r.startAt
+	w.plan, w.next, w.eos.fetchFrom, w.pending, w.eos.taken = r.plan, r.next, r.startAt, nil, r.startAt
 	w.startAt.Store(r.startAt)
 	w.setCommitted(r.committed)
 	p.client.SetOffsets(map[string]map[int32]kgo.EpochOffset{w.part.Topic: {w.part.Partition: {Epoch: -1, Offset: r.startAt}}})
@@ -675,7 +703,7 @@ func (p *Pipeline) holdHalted(w *worker) {
 	p.client.PauseFetchPartitions(map[string][]int32{w.part.Topic: {w.part.Partition}})
 	at := w.committed
 	if at < 0 {
-		at = w.fetchFrom
+		at = w.eos.fetchFrom
 	}
 	if at < 0 {
 		return // never recovered: nothing of it was fetched from a known place
@@ -713,12 +741,12 @@ func (w *worker) decideRound(recs []*kgo.Record, polled time.Time) ([]*job, erro
 	if w.plan.replay != nil {
 		return nil, nil
 	}
-	return w.round, nil
+	return w.eos.round, nil
 }
 
 // dropRound forgets the jobs not delivered (delivered, or to be decided
 // again after a new plan) and gives back what they held of the budget.
 func (w *worker) dropRound() {
-	w.round = nil
+	w.eos.round = nil
 	w.acct.giveAll()
 }

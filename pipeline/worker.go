@@ -116,11 +116,20 @@ type worker struct {
 	// record made when the worker ends.
 	knownC atomic.Int64
 
-	// Exactly-once state (transact.go): the jobs decided and not yet
-	// delivered (the current round's, or a replay's held until it is
-	// complete), and the input offsets whose output Kafka refused for good
-	// in an earlier round (aborted; its replay dead-letters them at once).
-	round     []*job
+	// Exactly-once state (transact.go); unused in at-least-once mode.
+	eos eosState
+
+	health partHealth
+}
+
+// eosState is a worker's state for exactly-once delivery, which the
+// round loop (transact.go) drives instead of the worker's deliverer.
+type eosState struct {
+	// round: the jobs decided and not yet delivered (the current round's,
+	// or a replay's held until it is complete).
+	round []*job
+	// refusedAt: the input offsets whose output Kafka refused for good in
+	// an earlier round (aborted): its replay dead-letters them at once.
 	refusedAt map[int64]error
 	// letterRefusedAt: the input offsets whose dead letter, without the
 	// value, Kafka refused too: its replay halts there.
@@ -129,20 +138,18 @@ type worker struct {
 	// taken: the offset after the last record a round gave the worker
 	// (the plan's start at first): a round drops records below it, which
 	// franz-go fetches again after it rewound the partition on an abort.
+	// (A replay's input records kept past the end of a round, until it is
+	// complete, stay in acct: given back by dropRound or when the worker
+	// ends.)
 	taken int64
-	// (A replay's input records kept past the end of a round, until it
-	// is complete, stay in acct: given back by dropRound or when the
-	// worker ends.)
 	// replanning: the partition's last round did not commit; it is
 	// planned again (recovery from P and C) before it is fetched again.
 	replanning bool
-	// roundOps and roundRetry bound the decide side during a round: its
-	// calls end at the round's hard deadline, its retries at shutdown or
-	// when a rebalance waits for the round (nil outside a round and in
+	// ops and retry bound the decide side during a round: its calls end
+	// at the round's hard deadline, its retries at shutdown or when a
+	// rebalance waits for the round (nil outside a round and in
 	// at-least-once mode: dctx bounds both).
-	roundOps, roundRetry context.Context
-
-	health partHealth
+	ops, retry context.Context
 }
 
 func newWorker(parent context.Context, d *deps, rt *route, partition int32, r recovered, log *zap.Logger) *worker {
@@ -150,27 +157,29 @@ func newWorker(parent context.Context, d *deps, rt *route, partition int32, r re
 	dctx, dcancel := context.WithCancel(ctx)
 	acct := newAccount(d.budget)
 	w := &worker{
-		d:               d,
-		rt:              rt,
-		part:            dedup.Partition{Group: d.set.group, Topic: rt.from, Partition: partition},
-		label:           strconv.Itoa(int(partition)),
-		log:             log,
-		acct:            acct,
-		q:               newQueue(acct),
-		ctx:             ctx,
-		cancel:          cancel,
-		dctx:            dctx,
-		dcancel:         dcancel,
-		jobs:            make(chan *job, 2),
-		done:            make(chan struct{}),
-		epoch:           r.epoch,
-		plan:            r.plan,
-		next:            r.next,
-		committed:       r.committed,
-		fetchFrom:       r.startAt,
-		taken:           r.startAt,
-		refusedAt:       map[int64]error{},
-		letterRefusedAt: map[int64]error{},
+		d:         d,
+		rt:        rt,
+		part:      dedup.Partition{Group: d.set.group, Topic: rt.from, Partition: partition},
+		label:     strconv.Itoa(int(partition)),
+		log:       log,
+		acct:      acct,
+		q:         newQueue(acct),
+		ctx:       ctx,
+		cancel:    cancel,
+		dctx:      dctx,
+		dcancel:   dcancel,
+		jobs:      make(chan *job, 2),
+		done:      make(chan struct{}),
+		epoch:     r.epoch,
+		plan:      r.plan,
+		next:      r.next,
+		committed: r.committed,
+		eos: eosState{
+			fetchFrom:       r.startAt,
+			taken:           r.startAt,
+			refusedAt:       map[int64]error{},
+			letterRefusedAt: map[int64]error{},
+		},
 	}
 	w.knownC.Store(r.committed)
 	w.polledTo.Store(r.startAt)
@@ -319,8 +328,8 @@ func (w *worker) park(err error) {
 // once, on dctx), bounded in exactly-once mode by the round's hard
 // deadline.
 func (w *worker) decideCtx() context.Context {
-	if w.roundOps != nil {
-		return w.roundOps
+	if w.eos.ops != nil {
+		return w.eos.ops
 	}
 	return w.ctx
 }
@@ -341,8 +350,8 @@ func retryStep[T any](w *worker, s side, what string, errs *prometheus.CounterVe
 	ctx := w.ctx
 	if s == sideDecide {
 		ctx = w.dctx
-		if w.roundRetry != nil {
-			ctx = w.roundRetry
+		if w.eos.retry != nil {
+			ctx = w.eos.retry
 		}
 	}
 	v, err := retry.Do(ctx, w.d.set.retry, func(err error, wait time.Duration) {
