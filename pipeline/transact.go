@@ -239,7 +239,7 @@ type roundPart struct {
 // returns nil once the transaction committed (or there was nothing to do);
 // otherwise the error, after the round's partitions are set to be planned
 // again. Its phases: take the polled records (roundParts), decide them
-// (decideRound), produce what they deliver (produceRound), and end the
+// (decideParts), produce what they deliver (produceRound), and end the
 // transaction with the offsets the jobs allow (endRound).
 func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSession, fetches kgo.Fetches) error {
 	polled := time.Now()
@@ -258,7 +258,7 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 		stopRetries()
 	}()
 
-	if err := p.decideRound(hard, retryCtx, parts, polled); err != nil {
+	if err := p.decideParts(hard, retryCtx, parts, polled); err != nil {
 		return p.uncommitted(hard, sess, parts, err)
 	}
 	commits := p.roundCommits(parts)
@@ -320,10 +320,10 @@ func (p *Pipeline) roundParts(fetches kgo.Fetches) []*roundPart {
 	return parts
 }
 
-// decideRound is a round's first phase: it decides every part, partitions
+// decideParts is a round's first phase: it decides every part, partitions
 // in parallel, and returns the errors joined. A partition whose error no
 // retry fixes halts.
-func (p *Pipeline) decideRound(hard, retryCtx context.Context, parts []*roundPart, polled time.Time) error {
+func (p *Pipeline) decideParts(hard, retryCtx context.Context, parts []*roundPart, polled time.Time) error {
 	var wg sync.WaitGroup
 	for _, rp := range parts {
 		wg.Add(1)
