@@ -9,8 +9,10 @@
 // time plus a grace second and its p99 is below -p99 (the seeds' 250 ms).
 // The machine is shared (PostgreSQL, the generator, other work), so a rate
 // gets up to -tries attempts and is held if one of them is; every attempt
-// is printed. The table goes to stdout; a line names the highest rate
-// held.
+// is printed. While the last of -rates is held, the rates go on rising by
+// half (up to -climb), so that the highest rate held is the service's
+// capacity here, not the end of a list. The table goes to stdout; a line
+// names the highest rate held.
 //
 // The client keeps its connections, at most -conns of them (dam serve's
 // serve.max_connections): a client that opens a connection whenever none
@@ -80,6 +82,7 @@ const (
 
 type options struct {
 	rates    string
+	climb    int // past -rates, rise by half until a rate is not held, up to this
 	step     time.Duration
 	p99      time.Duration
 	entities int
@@ -101,6 +104,7 @@ type options struct {
 func main() {
 	var o options
 	flag.StringVar(&o.rates, "rates", "100,250,500,1000,1500,2000,2500,3000,4000,5000,6000,8000", "request rates to try, in order (per second)")
+	flag.IntVar(&o.climb, "climb", 48000, "while the last rate was held, go on at 1.5x it, up to this rate (0: only -rates), so that the past-capacity phases start from the service's capacity")
 	flag.DurationVar(&o.step, "step", 5*time.Second, "duration of each rate")
 	flag.DurationVar(&o.p99, "p99", 250*time.Millisecond, "p99 a rate must stay under to be held")
 	flag.IntVar(&o.entities, "entities", 20_000, "distinct identities")
@@ -197,7 +201,8 @@ func run(o options) error {
 	fmt.Printf("%8s %10s %9s %9s %9s %8s %8s %6s %10s  %s\n", "rate/s", "achieved/s", "p50 ms", "p99 ms", "max ms", "errors", "503s", "dup %", "serve µs/r", "held")
 	best := 0
 rates:
-	for _, rate := range rates {
+	for k := 0; k < len(rates); k++ {
+		rate := rates[k]
 		for try := 1; ; try++ {
 			cpu0 := cpuTime(srv.cmd.Process.Pid)
 			st := runStep(client, srv.url, w, rate, o.step)
@@ -213,6 +218,9 @@ rates:
 			}
 			if held {
 				best = rate
+				if k == len(rates)-1 && rate*3/2 <= o.climb {
+					rates = append(rates, rate*3/2) // not past capacity yet
+				}
 				break
 			}
 			if try >= o.tries {
