@@ -40,12 +40,13 @@ const (
 	// committing to be given to it, short enough that the excess is told
 	// at once.
 	admitWait = 20 * time.Millisecond
-	// maxStoreWait is how long checks may wait for a decider: while the
-	// oldest check queued has waited longer, the store is behind (past
-	// capacity, or slowed), and a request is answered 503 at once rather
-	// than queued behind it. A check admitted is thus taken by a decider
-	// within about this much, whatever the store's pace, and the queue
-	// holds what the store decides in that time: the bound adapts to it.
+	// maxStoreWait is how long store work may wait for a decider: while
+	// the oldest queued (a single check, a batch, a state read or reset)
+	// has waited longer, the store is behind (past capacity, or slowed),
+	// and a request is answered 503 at once rather than queued behind it.
+	// Work admitted is thus taken by a decider within about this much,
+	// whatever the store's pace, and the queue holds what the store
+	// decides in that time: the bound adapts to it.
 	maxStoreWait = 250 * time.Millisecond
 )
 

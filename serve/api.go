@@ -356,7 +356,7 @@ func clientGone(r *http.Request, err error) bool {
 
 // admit takes room for n checks in front of the store (see admission),
 // or answers why not: 503 overloaded with Retry-After at once when the
-// store is behind (its oldest queued check waited past maxStoreWait) or
+// store is behind (its oldest queued work waited past maxStoreWait) or
 // no room came within admitWait. Call the returned function once the
 // store work is done.
 func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Context, n int) (release func(), ok bool) {
@@ -364,7 +364,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Conte
 		if behind := cb.oldest(); behind > maxStoreWait {
 			s.metrics.shed.Inc()
 			writeError(w, http.StatusServiceUnavailable, codeOverloaded,
-				fmt.Sprintf("the store is behind: checks have waited %s for it (at most %s); nothing was decided; retry", behind.Round(time.Millisecond), maxStoreWait))
+				fmt.Sprintf("the store is behind: requests have waited %s for it (at most %s); nothing was decided; retry", behind.Round(time.Millisecond), maxStoreWait))
 			return nil, false
 		}
 	}
@@ -536,29 +536,50 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer done()
-	}
-	decisions, err := s.store.CheckBatch(ctx, items, nil)
-	switch {
-	case err == nil:
-		for k, d := range decisions {
-			s.metrics.decision(items[k].Service, d)
-			results[index[k]] = batchResult{Decision: d.String(), Digest: items[k].Digest.String()}
-		}
-	case isUnavailable(err) || len(items) == 1:
-		s.storeError(w, r, "check batch", err)
-		return
-	default:
-		// The store refused the transaction for a reason no retry fixes,
-		// perhaps because of one check: decide the checks one by one, in
-		// order, so that only that check gets an error.
-		s.metrics.storeErrors.Inc()
-		s.log.Warn("serve: the store refused a batch; deciding its checks one by one", zap.Int("checks", len(items)), zap.Error(err))
-		if err := s.checkSeparately(ctx, items, index, results); clientGone(r, err) {
-			w.WriteHeader(statusClientGone)
+		var decisions []dedup.Decision
+		separated, down := false, error(nil)
+		err := s.storeDo(ctx, func(ctx context.Context) error {
+			var err error
+			decisions, err = s.store.CheckBatch(ctx, items, nil)
+			if err == nil || isUnavailable(err) || len(items) == 1 {
+				return err
+			}
+			// The store refused the transaction for a reason no retry
+			// fixes, perhaps because of one check: decide the checks one
+			// by one, in order, so that only that check gets an error.
+			s.metrics.storeErrors.Inc()
+			s.log.Warn("serve: the store refused a batch; deciding its checks one by one", zap.Int("checks", len(items)), zap.Error(err))
+			separated, down = true, s.checkSeparately(ctx, items, index, results)
+			return nil
+		})
+		switch {
+		case err != nil:
+			s.storeError(w, r, "check batch", err)
 			return
+		case separated:
+			if clientGone(r, down) {
+				w.WriteHeader(statusClientGone)
+				return
+			}
+		default:
+			for k, d := range decisions {
+				s.metrics.decision(items[k].Service, d)
+				results[index[k]] = batchResult{Decision: d.String(), Digest: items[k].Digest.String()}
+			}
 		}
 	}
 	writeJSON(w, http.StatusOK, batchResponse{Results: results})
+}
+
+// storeDo runs fn, a request's store work other than a single check,
+// with ctx: on a decider in its turn once Start started them (see
+// combiner.do), so that it waits for PostgreSQL in the same queue as the
+// checks, else at once.
+func (s *Server) storeDo(ctx context.Context, fn func(context.Context) error) error {
+	if cb := s.combiner.Load(); cb != nil {
+		return cb.do(ctx, fn)
+	}
+	return fn(ctx)
 }
 
 // checkSeparately decides items one by one, each in a transaction of its
@@ -672,7 +693,12 @@ func (s *Server) handleStateGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
-	st, err := s.store.Get(ctx, service, entity)
+	var st dedup.State
+	err := s.storeDo(ctx, func(ctx context.Context) error {
+		var err error
+		st, err = s.store.Get(ctx, service, entity)
+		return err
+	})
 	if errors.Is(err, dedup.ErrNotFound) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no state stored for this identity: its next check is forward")
 		return
@@ -706,7 +732,12 @@ func (s *Server) handleStateDelete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
-	n, err := s.store.ResetEntities(ctx, service, [][]byte{entity})
+	var n int64
+	err := s.storeDo(ctx, func(ctx context.Context) error {
+		var err error
+		n, err = s.store.ResetEntities(ctx, service, [][]byte{entity})
+		return err
+	})
 	if err != nil {
 		s.storeError(w, r, "reset", err)
 		return

@@ -17,8 +17,10 @@
 //
 // Past capacity the service sheds the excess rather than queue it (see
 // admission): the checks queued for PostgreSQL or being decided are
-// bounded by serve.max_checks_in_flight, and while the oldest check queued
-// has waited past maxStoreWait the store is behind; either way a request
+// bounded by serve.max_checks_in_flight, and while the oldest work queued
+// for PostgreSQL's connections (a single check, a batch, a state read or
+// reset: they all wait for the deciders, see combiner) has waited past
+// maxStoreWait the store is behind; either way a request
 // is answered 503 overloaded with Retry-After at once (after admitWait at
 // most), nothing decided, while the work admitted is decided in time. A
 // request whose client went away is not the store's failure: it is
