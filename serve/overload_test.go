@@ -124,3 +124,28 @@ func TestShedEveryRequestWhileTheStoreIsBehind(t *testing.T) {
 		}
 	}
 }
+
+// /readyz says whether PostgreSQL answers, not whether the service is
+// busy: with every connection of the store's pool taken by work that
+// waits (here on a row lock, for longer than a probe may take), the
+// store still answers and the service is ready. An overloaded service
+// answering 503 overloaded is one to keep routing to: were every
+// replica reported not ready under load, none would be left.
+func TestReadyWhileEveryConnectionIsBusy(t *testing.T) {
+	t.Parallel()
+	h := newHarnessPool(t, 0, func(c *config.Config) {
+		c.Postgres.MaxConns = 1
+		c.Serve.RequestTimeout = 5 * time.Second
+	})
+	unlock := lockRows(t, h, "locked")
+	t.Cleanup(unlock)
+	blocked := request(h, "POST", "/v1/check", `{"service":"a","entity":"locked","payload":2}`)
+	time.Sleep(200 * time.Millisecond) // the pool's one connection waits on the lock
+	if code, _, out := h.do("GET", "/readyz", "", ""); code != 200 || out != "ready\n" {
+		t.Errorf("readyz with every store connection busy: %d %q; want 200 ready", code, out)
+	}
+	unlock()
+	if a := <-blocked; a.code != 200 {
+		t.Errorf("the blocked check: %v", a)
+	}
+}

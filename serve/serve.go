@@ -275,11 +275,13 @@ func (s *Server) Start(ctx context.Context) {
 }
 
 // Close stops the deciders Start started, after their transactions in
-// flight. Call it once the HTTP server has drained.
+// flight, and closes /readyz's connection to the store. Call it once the
+// HTTP server has drained.
 func (s *Server) Close() {
 	if c := s.combiner.Swap(nil); c != nil {
 		c.close()
 	}
+	s.ready.close()
 }
 
 // Handler returns the service's HTTP handler: the API, /metrics, /healthz
