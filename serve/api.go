@@ -371,7 +371,18 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Conte
 	err := s.admission.acquire(ctx, n)
 	switch {
 	case err == nil:
-		return func() { s.admission.release(n) }, true
+		unhold, ok := holdRequest(r)
+		if !ok {
+			// Closed for room as it was admitted: nobody reads an answer,
+			// and nothing may be decided that nobody is told of.
+			s.admission.release(n)
+			writeError(w, http.StatusServiceUnavailable, codeOverloaded, "the connection was closed for room (serve.max_connections); nothing was decided; retry")
+			return nil, false
+		}
+		return func() {
+			s.admission.release(n)
+			unhold()
+		}, true
 	case clientGone(r, err):
 		w.WriteHeader(statusClientGone)
 	default: // errShed, or the request's time ran out waiting

@@ -2,15 +2,22 @@ package serve_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
 )
 
 // lockRows stores a state for each entity of service a, then holds their
@@ -147,5 +154,122 @@ func TestReadyWhileEveryConnectionIsBusy(t *testing.T) {
 	unlock()
 	if a := <-blocked; a.code != 200 {
 		t.Errorf("the blocked check: %v", a)
+	}
+}
+
+// A connection whose request is in the store's hands (its check queued
+// for a decider or being decided) is never closed to make room for
+// another, even one of a token past its share of the connections,
+// however long the store takes: its check may commit, and its client
+// would then read a closed connection for a check that was decided, and
+// on retrying be told duplicate for its own content. Two connections,
+// the share of tokenAll (two tokens: one each) and one past it, wait for
+// row locks; a new connection then finds no slot but theirs.
+func TestNoEvictionOfAStoredRequest(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, func(c *config.Config) {
+		c.Serve.MaxConnections = 2
+		c.Postgres.MaxConns = 2
+		c.Serve.RequestTimeout = 5 * time.Second
+	})
+	addr := h.run()
+	unlock := lockRows(t, h, "locked-1", "locked-2")
+	t.Cleanup(unlock)
+	var conns []net.Conn
+	for i := range 2 {
+		body := fmt.Sprintf(`{"service":"a","entity":"locked-%d","payload":3}`, i+1)
+		c := headOnly(t, addr, "", tokenAll, len(body), body)
+		conns = append(conns, c)
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond) // past the second a request past its share is kept
+	other := dialFrom(t, addr, "")
+	if _, err := io.WriteString(other, "GET /healthz HTTP/1.1\r\nHost: dam\r\nConnection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _, err := rawResponse(other, 3*time.Second); code != 200 && code != 503 {
+		t.Errorf("the new connection: %d %v; want 200, or 503 with every slot taken", code, err)
+	}
+	unlock()
+	for i, c := range conns {
+		code, _, body, err := rawResponse(c, 5*time.Second)
+		if code == 200 {
+			continue
+		}
+		state := "not decided"
+		if _, _, got := h.do("GET", fmt.Sprintf("/v1/state/a/locked-%d", i+1), tokenAll, ""); strings.Contains(got, stateDigest(t, h, "3")) {
+			state = "decided"
+		}
+		t.Errorf("check %d, in the store as its connection was wanted: %d %s %v (its check %s); want 200", i+1, code, body, err, state)
+	}
+}
+
+// stateDigest is the digest of payload for service a.
+func stateDigest(t *testing.T, h *harness, payload string) string {
+	t.Helper()
+	code, _, out := h.do("POST", "/v1/check", tokenAll, `{"service":"a","entity":"digest-of-`+payload+`","payload":`+payload+`}`)
+	if code != 200 {
+		t.Fatalf("check: %d %s", code, out)
+	}
+	var r struct{ Decision, Digest string }
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	return r.Digest
+}
+
+// A check whose connection is closed for room as its request arrives
+// (the server read the request as the slot went to a new connection) is
+// not decided: its client is told 503, and a 503 means nothing was
+// decided. Clients opening a connection per request, far more than
+// serve.max_connections, each check a fresh identity; every one not
+// answered 200 must have left no state.
+func TestNoDecisionForAConnectionClosedForRoom(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, func(c *config.Config) {
+		c.Postgres.MaxConns = 2
+		c.Serve.MaxConnections = 4
+		c.Serve.RequestTimeout = 3 * time.Second
+	})
+	h.run()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	answers := map[string]int{}
+	var notDecided []string // answered anything but a decision
+	var n atomic.Int64
+	began := time.Now()
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Since(began) < 2500*time.Millisecond {
+				entity := fmt.Sprint("e-", n.Add(1))
+				req, _ := http.NewRequest("POST", h.url+"/v1/check", strings.NewReader(`{"service":"a","entity":"`+entity+`","payload":1}`))
+				req.Header.Set("Authorization", "Bearer "+tokenAll)
+				answer := "no answer"
+				if resp, err := client.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					answer = fmt.Sprint(resp.StatusCode)
+				}
+				mu.Lock()
+				answers[answer]++
+				if answer != "200" {
+					notDecided = append(notDecided, entity)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	decided := 0
+	for _, e := range notDecided {
+		if _, err := h.store.Get(context.Background(), "a", []byte(e)); !errors.Is(err, dedup.ErrNotFound) {
+			decided++
+		}
+	}
+	if decided > 0 || answers["503"] == 0 {
+		t.Errorf("answers %v: %d checks not answered a decision were decided; want none (and 503s: the flood is past the bound)", answers, decided)
 	}
 }
