@@ -357,8 +357,10 @@ func clientGone(r *http.Request, err error) bool {
 // admit takes room for n checks in front of the store (see admission),
 // or answers why not: 503 overloaded with Retry-After at once when the
 // store is behind (its oldest queued work waited past maxStoreWait) or
-// no room came within admitWait. Call the returned function once the
-// store work is done.
+// no room came within admitWait. Call the returned function (once or
+// more) as soon as the store work is done, before writing the answer:
+// a client that does not read its answer must not hold the room. r's
+// connection is held until r's end (see connLimit.hold).
 func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Context, n int) (release func(), ok bool) {
 	if cb := s.combiner.Load(); cb != nil {
 		if behind := cb.oldest(); behind > maxStoreWait {
@@ -371,18 +373,14 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Conte
 	err := s.admission.acquire(ctx, n)
 	switch {
 	case err == nil:
-		unhold, ok := holdRequest(r)
-		if !ok {
+		if !holdRequest(r) {
 			// Closed for room as it was admitted: nobody reads an answer,
 			// and nothing may be decided that nobody is told of.
 			s.admission.release(n)
 			writeError(w, http.StatusServiceUnavailable, codeOverloaded, "the connection was closed for room (serve.max_connections); nothing was decided; retry")
 			return nil, false
 		}
-		return func() {
-			s.admission.release(n)
-			unhold()
-		}, true
+		return sync.OnceFunc(func() { s.admission.release(n) }), true
 	case clientGone(r, err):
 		w.WriteHeader(statusClientGone)
 	default: // errShed, or the request's time ran out waiting
@@ -468,6 +466,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 			d = out[0]
 		}
 	}
+	done()
 	if err != nil {
 		s.storeError(w, r, "check", err)
 		return
@@ -563,6 +562,7 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 			separated, down = true, s.checkSeparately(ctx, items, index, results)
 			return nil
 		})
+		done()
 		switch {
 		case err != nil:
 			s.storeError(w, r, "check batch", err)
@@ -710,6 +710,7 @@ func (s *Server) handleStateGet(w http.ResponseWriter, r *http.Request) {
 		st, err = s.store.Get(ctx, service, entity)
 		return err
 	})
+	done()
 	if errors.Is(err, dedup.ErrNotFound) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no state stored for this identity: its next check is forward")
 		return
@@ -749,6 +750,7 @@ func (s *Server) handleStateDelete(w http.ResponseWriter, r *http.Request) {
 		n, err = s.store.ResetEntities(ctx, service, [][]byte{entity})
 		return err
 	})
+	done()
 	if err != nil {
 		s.storeError(w, r, "reset", err)
 		return

@@ -71,9 +71,9 @@ const (
 	// evictUntrustedAfter.
 	connUntrusted
 	// connTrusted: serving a request with a valid token, within its
-	// token's share of the connections, or one whose store work is
-	// admitted (see hold): it may decide, and its answer must reach its
-	// client. Never closed for room.
+	// token's share of the connections, or one whose store work was
+	// admitted (see hold): it may have decided, and its answer must reach
+	// its client. Never closed for room.
 	connTrusted
 )
 
@@ -551,37 +551,31 @@ func (l *connLimit) trust(lc *limitedConn, t *token) {
 }
 
 // hold marks lc, serving a request whose store work is admitted, as not
-// to be closed for room until the returned function is called: its check
-// may be decided (committed) at any time from now, and a client whose
-// connection was closed could not know it was, and would be told
-// duplicate for its own content on retrying. It is false, with nothing
-// to undo, when lc was closed for room already.
-func (l *connLimit) hold(lc *limitedConn) (unhold func(), ok bool) {
+// to be closed for room until the request ends (its answer written): its
+// check may be decided (committed) at any time from now, and a client
+// whose connection was closed could not know it was, and would be told
+// duplicate for its own content on retrying. It is false when lc was
+// closed for room already: nothing may then be decided.
+func (l *connLimit) hold(lc *limitedConn) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if lc.released || lc.evicted.Load() {
-		return nil, false
+		return false
 	}
-	if lc.state != connUntrusted { // trusted already (or not serving: nothing to hold)
-		return func() {}, true
+	if lc.state == connUntrusted {
+		// Counted in no token's share; idle once the request ends.
+		l.setStateLocked(lc, connTrusted)
 	}
-	l.setStateLocked(lc, connTrusted) // counted in no token's share
-	return func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		if lc.state == connTrusted && lc.token == nil {
-			l.setStateLocked(lc, connUntrusted)
-		}
-	}, true
+	return true
 }
 
 // holdRequest holds r's connection (see connLimit.hold), when r came
 // through a connLimit.
-func holdRequest(r *http.Request) (unhold func(), ok bool) {
+func holdRequest(r *http.Request) bool {
 	if lc, ok := r.Context().Value(connKey{}).(*limitedConn); ok {
 		return lc.l.hold(lc)
 	}
-	return func() {}, true
+	return true
 }
 
 // connState is the http.Server's ConnState hook: it keeps track of what

@@ -273,3 +273,63 @@ func TestNoDecisionForAConnectionClosedForRoom(t *testing.T) {
 		t.Errorf("answers %v: %d checks not answered a decision were decided; want none (and 503s: the flood is past the bound)", answers, decided)
 	}
 }
+
+// A client that does not read its answer holds no room in front of the
+// store: the room of a request's checks is given back once the store
+// has decided them, not once the answer is written, which a client that
+// stops reading makes last until the server's write timeout (20 s by
+// default), while every other request is shed as past capacity. Here a
+// batch of as many valid checks as the bound counts
+// (serve.max_checks_in_flight 4), and thousands of checks of an unknown
+// service whose errors make its answer some 10 MB long (more than the
+// sockets' buffers hold), is answered to a client that reads nothing; a
+// check then finds room.
+func TestSlowReaderHoldsNoStoreRoom(t *testing.T) {
+	t.Parallel()
+	const checks = 10000
+	h := newServer(t, func(c *config.Config) {
+		c.Serve.MaxChecksInFlight = 4
+		c.Serve.MaxBatch = checks
+	})
+	addr := h.run() // no contract check: it would buffer the answer
+	var body strings.Builder
+	body.WriteString(`{"checks":[`)
+	unknown := strings.Repeat("<", dedup.MaxServiceBytes) // each quoted in its error, \u003c
+	for i := range checks {
+		if i > 0 {
+			body.WriteString(",")
+		}
+		service := unknown
+		if i >= checks-4 {
+			service = "a"
+		}
+		fmt.Fprintf(&body, `{"service":"%s","entity":"unread-%d","payload":1}`, service, i)
+	}
+	body.WriteString(`]}`)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	if _, err := fmt.Fprintf(c, "POST /v1/check:batch HTTP/1.1\r\nHost: dam\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", tokenAll, body.Len(), body.String()); err != nil {
+		t.Fatal(err)
+	}
+	// Decided: its answer is being written, and not read.
+	last := []byte(fmt.Sprintf("unread-%d", checks-1))
+	deadline := time.Now().Add(10 * time.Second)
+	for _, err := h.store.Get(context.Background(), "a", last); err != nil; _, err = h.store.Get(context.Background(), "a", last) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the batch was not decided within 10 s: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // its answer encoded long ago: being written
+	_, _, m := h.do("GET", "/metrics", "", "")
+	if !strings.Contains(m, "dam_serve_in_flight 1") {
+		t.Fatalf("the batch's answer was written whole (the test needs it blocked):\n%s", grep(m, "in_flight"))
+	}
+	if code, _, out := h.do("POST", "/v1/check", tokenAll, `{"service":"a","entity":"reader","payload":1}`); code != 200 {
+		t.Errorf("a check beside a client not reading its answer: %d %s; want 200", code, out)
+	}
+}
