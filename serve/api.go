@@ -361,7 +361,7 @@ func clientGone(r *http.Request, err error) bool {
 // more) as soon as the store work is done, before writing the answer:
 // a client that does not read its answer must not hold the room. r's
 // connection is held until r's end (see connLimit.hold).
-func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Context, n int) (release func(), ok bool) {
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Context, t *token, n int) (release func(), ok bool) {
 	if cb := s.combiner.Load(); cb != nil {
 		if behind := cb.oldest(); behind > maxStoreWait {
 			s.metrics.shed.Inc()
@@ -370,17 +370,17 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Conte
 			return nil, false
 		}
 	}
-	err := s.admission.acquire(ctx, n)
+	err := s.admission.acquire(ctx, t, n)
 	switch {
 	case err == nil:
 		if !holdRequest(r) {
 			// Closed for room as it was admitted: nobody reads an answer,
 			// and nothing may be decided that nobody is told of.
-			s.admission.release(n)
+			s.admission.release(t, n)
 			writeError(w, http.StatusServiceUnavailable, codeOverloaded, "the connection was closed for room (serve.max_connections); nothing was decided; retry")
 			return nil, false
 		}
-		return sync.OnceFunc(func() { s.admission.release(n) }), true
+		return sync.OnceFunc(func() { s.admission.release(t, n) }), true
 	case clientGone(r, err):
 		w.WriteHeader(statusClientGone)
 	default: // errShed, or the request's time ran out waiting
@@ -451,7 +451,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e.status, e.code, e.msg)
 		return
 	}
-	done, ok := s.admit(w, r, ctx, 1)
+	done, ok := s.admit(w, r, ctx, t, 1)
 	if !ok {
 		return
 	}
@@ -541,7 +541,7 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 	req.Checks = nil
 	release() // the payloads are hashed: their room is free for another
 	if len(items) > 0 {
-		done, ok := s.admit(w, r, ctx, len(items))
+		done, ok := s.admit(w, r, ctx, t, len(items))
 		if !ok {
 			return
 		}
@@ -648,11 +648,11 @@ type source struct {
 
 // stateIdentity authenticates a state request, reads its identity and
 // authorizes its service, or answers the failure.
-func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (string, []byte, bool) {
+func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (*token, string, []byte, bool) {
 	t := s.authenticate(r)
 	if t == nil {
 		unauthorized(w)
-		return "", nil, false
+		return nil, "", nil, false
 	}
 	service, entity, e := pathIdentity(r)
 	if e == nil {
@@ -660,12 +660,12 @@ func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (string, 
 	}
 	if e != nil {
 		writeError(w, e.status, e.code, e.msg)
-		return "", nil, false
+		return nil, "", nil, false
 	}
 	if !authorize(w, t, service) {
-		return "", nil, false
+		return nil, "", nil, false
 	}
-	return service, entity, true
+	return t, service, entity, true
 }
 
 // pathIdentity reads {service} and {entity}: path-escaped text, or hex
@@ -693,13 +693,13 @@ func pathIdentity(r *http.Request) (string, []byte, *apiError) {
 }
 
 func (s *Server) handleStateGet(w http.ResponseWriter, r *http.Request) {
-	service, entity, ok := s.stateIdentity(w, r)
+	t, service, entity, ok := s.stateIdentity(w, r)
 	if !ok {
 		return
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
-	done, ok := s.admit(w, r, ctx, 1)
+	done, ok := s.admit(w, r, ctx, t, 1)
 	if !ok {
 		return
 	}
@@ -733,13 +733,13 @@ type resetResponse struct {
 }
 
 func (s *Server) handleStateDelete(w http.ResponseWriter, r *http.Request) {
-	service, entity, ok := s.stateIdentity(w, r)
+	t, service, entity, ok := s.stateIdentity(w, r)
 	if !ok {
 		return
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
-	done, ok := s.admit(w, r, ctx, 1)
+	done, ok := s.admit(w, r, ctx, t, 1)
 	if !ok {
 		return
 	}

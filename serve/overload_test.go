@@ -333,3 +333,71 @@ func TestSlowReaderHoldsNoStoreRoom(t *testing.T) {
 		t.Errorf("a check beside a client not reading its answer: %d %s; want 200", code, out)
 	}
 }
+
+// The store's room is shared among the tokens (the tenants): a token
+// flooding the service past serve.max_checks_in_flight takes the room
+// the others leave, never theirs. Here sixteen clients of one token send
+// batches that each take the whole bound, while a client of another
+// token sends one check at a time: its checks are decided, each once
+// the batch ahead of it is, rather than shed like the flood's excess.
+func TestFairStoreRoomAmongTokens(t *testing.T) {
+	t.Parallel()
+	h := newServerPool(t, 0, func(c *config.Config) {
+		c.Postgres.MaxConns = 1
+		c.Serve.MaxChecksInFlight = 8
+	})
+	h.run() // no contract check: its cost would be the bottleneck
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
+	post := func(token, path, body string) string {
+		req, _ := http.NewRequest("POST", h.url+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err.Error()
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			return "200"
+		}
+		return fmt.Sprintf("%d %.100s", resp.StatusCode, b)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	flood, other := map[string]int{}, map[string]int{}
+	began := time.Now()
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Since(began) < 2*time.Second; i++ {
+				var checks []string
+				for k := range 8 {
+					checks = append(checks, fmt.Sprintf(`{"service":"b","entity":"flood-%d-%d-%d","payload":1}`, g, i, k))
+				}
+				a := post(tokenAll, "/v1/check:batch", `{"checks":[`+strings.Join(checks, ",")+`]}`)
+				mu.Lock()
+				flood[a[:3]]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; time.Since(began) < 2*time.Second; i++ {
+			a := post(tokenA, "/v1/check", fmt.Sprintf(`{"service":"a","entity":"other-%d","payload":1}`, i))
+			mu.Lock()
+			other[a]++
+			mu.Unlock()
+		}
+	}()
+	wg.Wait()
+	sent := 0
+	for _, n := range other {
+		sent += n
+	}
+	if flood["503"] == 0 || sent < 5 || other["200"] < sent*3/4 {
+		t.Errorf("one check at a time beside a flood of another token: %v; want at least 3/4 decided (the flood: %v, some shed)", other, flood)
+	}
+}
