@@ -356,22 +356,31 @@ func clientGone(r *http.Request, err error) bool {
 
 // admit takes room for n checks in front of the store (see admission),
 // or answers why not: 503 overloaded with Retry-After at once when the
-// store is behind (its oldest queued check waited past maxStoreWait) or
-// no room came within admitWait. Call the returned function once the
-// store work is done.
-func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Context, n int) (release func(), ok bool) {
+// store is behind (its oldest queued work waited past maxStoreWait) or
+// no room came within admitWait. Call the returned function (once or
+// more) as soon as the store work is done, before writing the answer:
+// a client that does not read its answer must not hold the room. r's
+// connection is held until r's end (see connLimit.hold).
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, ctx context.Context, t *token, n int) (release func(), ok bool) {
 	if cb := s.combiner.Load(); cb != nil {
 		if behind := cb.oldest(); behind > maxStoreWait {
 			s.metrics.shed.Inc()
 			writeError(w, http.StatusServiceUnavailable, codeOverloaded,
-				fmt.Sprintf("the store is behind: checks have waited %s for it (at most %s); nothing was decided; retry", behind.Round(time.Millisecond), maxStoreWait))
+				fmt.Sprintf("the store is behind: requests have waited %s for it (at most %s); nothing was decided; retry", behind.Round(time.Millisecond), maxStoreWait))
 			return nil, false
 		}
 	}
-	err := s.admission.acquire(ctx, n)
+	err := s.admission.acquire(ctx, t, n)
 	switch {
 	case err == nil:
-		return func() { s.admission.release(n) }, true
+		if !holdRequest(r) {
+			// Closed for room as it was admitted: nobody reads an answer,
+			// and nothing may be decided that nobody is told of.
+			s.admission.release(t, n)
+			writeError(w, http.StatusServiceUnavailable, codeOverloaded, "the connection was closed for room (serve.max_connections); nothing was decided; retry")
+			return nil, false
+		}
+		return sync.OnceFunc(func() { s.admission.release(t, n) }), true
 	case clientGone(r, err):
 		w.WriteHeader(statusClientGone)
 	default: // errShed, or the request's time ran out waiting
@@ -442,7 +451,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e.status, e.code, e.msg)
 		return
 	}
-	done, ok := s.admit(w, r, ctx, 1)
+	done, ok := s.admit(w, r, ctx, t, 1)
 	if !ok {
 		return
 	}
@@ -457,6 +466,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 			d = out[0]
 		}
 	}
+	done()
 	if err != nil {
 		s.storeError(w, r, "check", err)
 		return
@@ -531,34 +541,56 @@ func (s *Server) handleBatch(w http.ResponseWriter, r *http.Request) {
 	req.Checks = nil
 	release() // the payloads are hashed: their room is free for another
 	if len(items) > 0 {
-		done, ok := s.admit(w, r, ctx, len(items))
+		done, ok := s.admit(w, r, ctx, t, len(items))
 		if !ok {
 			return
 		}
 		defer done()
-	}
-	decisions, err := s.store.CheckBatch(ctx, items, nil)
-	switch {
-	case err == nil:
-		for k, d := range decisions {
-			s.metrics.decision(items[k].Service, d)
-			results[index[k]] = batchResult{Decision: d.String(), Digest: items[k].Digest.String()}
-		}
-	case isUnavailable(err) || len(items) == 1:
-		s.storeError(w, r, "check batch", err)
-		return
-	default:
-		// The store refused the transaction for a reason no retry fixes,
-		// perhaps because of one check: decide the checks one by one, in
-		// order, so that only that check gets an error.
-		s.metrics.storeErrors.Inc()
-		s.log.Warn("serve: the store refused a batch; deciding its checks one by one", zap.Int("checks", len(items)), zap.Error(err))
-		if err := s.checkSeparately(ctx, items, index, results); clientGone(r, err) {
-			w.WriteHeader(statusClientGone)
+		var decisions []dedup.Decision
+		separated, down := false, error(nil)
+		err := s.storeDo(ctx, func(ctx context.Context) error {
+			var err error
+			decisions, err = s.store.CheckBatch(ctx, items, nil)
+			if err == nil || isUnavailable(err) || len(items) == 1 {
+				return err
+			}
+			// The store refused the transaction for a reason no retry
+			// fixes, perhaps because of one check: decide the checks one
+			// by one, in order, so that only that check gets an error.
+			s.metrics.storeErrors.Inc()
+			s.log.Warn("serve: the store refused a batch; deciding its checks one by one", zap.Int("checks", len(items)), zap.Error(err))
+			separated, down = true, s.checkSeparately(ctx, items, index, results)
+			return nil
+		})
+		done()
+		switch {
+		case err != nil:
+			s.storeError(w, r, "check batch", err)
 			return
+		case separated:
+			if clientGone(r, down) {
+				w.WriteHeader(statusClientGone)
+				return
+			}
+		default:
+			for k, d := range decisions {
+				s.metrics.decision(items[k].Service, d)
+				results[index[k]] = batchResult{Decision: d.String(), Digest: items[k].Digest.String()}
+			}
 		}
 	}
 	writeJSON(w, http.StatusOK, batchResponse{Results: results})
+}
+
+// storeDo runs fn, a request's store work other than a single check,
+// with ctx: on a decider in its turn once Start started them (see
+// combiner.do), so that it waits for PostgreSQL in the same queue as the
+// checks, else at once.
+func (s *Server) storeDo(ctx context.Context, fn func(context.Context) error) error {
+	if cb := s.combiner.Load(); cb != nil {
+		return cb.do(ctx, fn)
+	}
+	return fn(ctx)
 }
 
 // checkSeparately decides items one by one, each in a transaction of its
@@ -616,11 +648,11 @@ type source struct {
 
 // stateIdentity authenticates a state request, reads its identity and
 // authorizes its service, or answers the failure.
-func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (string, []byte, bool) {
+func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (*token, string, []byte, bool) {
 	t := s.authenticate(r)
 	if t == nil {
 		unauthorized(w)
-		return "", nil, false
+		return nil, "", nil, false
 	}
 	service, entity, e := pathIdentity(r)
 	if e == nil {
@@ -628,12 +660,12 @@ func (s *Server) stateIdentity(w http.ResponseWriter, r *http.Request) (string, 
 	}
 	if e != nil {
 		writeError(w, e.status, e.code, e.msg)
-		return "", nil, false
+		return nil, "", nil, false
 	}
 	if !authorize(w, t, service) {
-		return "", nil, false
+		return nil, "", nil, false
 	}
-	return service, entity, true
+	return t, service, entity, true
 }
 
 // pathIdentity reads {service} and {entity}: path-escaped text, or hex
@@ -661,18 +693,24 @@ func pathIdentity(r *http.Request) (string, []byte, *apiError) {
 }
 
 func (s *Server) handleStateGet(w http.ResponseWriter, r *http.Request) {
-	service, entity, ok := s.stateIdentity(w, r)
+	t, service, entity, ok := s.stateIdentity(w, r)
 	if !ok {
 		return
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
-	done, ok := s.admit(w, r, ctx, 1)
+	done, ok := s.admit(w, r, ctx, t, 1)
 	if !ok {
 		return
 	}
 	defer done()
-	st, err := s.store.Get(ctx, service, entity)
+	var st dedup.State
+	err := s.storeDo(ctx, func(ctx context.Context) error {
+		var err error
+		st, err = s.store.Get(ctx, service, entity)
+		return err
+	})
+	done()
 	if errors.Is(err, dedup.ErrNotFound) {
 		writeError(w, http.StatusNotFound, codeNotFound, "no state stored for this identity: its next check is forward")
 		return
@@ -695,18 +733,24 @@ type resetResponse struct {
 }
 
 func (s *Server) handleStateDelete(w http.ResponseWriter, r *http.Request) {
-	service, entity, ok := s.stateIdentity(w, r)
+	t, service, entity, ok := s.stateIdentity(w, r)
 	if !ok {
 		return
 	}
 	ctx, cancel := s.requestContext(r)
 	defer cancel()
-	done, ok := s.admit(w, r, ctx, 1)
+	done, ok := s.admit(w, r, ctx, t, 1)
 	if !ok {
 		return
 	}
 	defer done()
-	n, err := s.store.ResetEntities(ctx, service, [][]byte{entity})
+	var n int64
+	err := s.storeDo(ctx, func(ctx context.Context) error {
+		var err error
+		n, err = s.store.ResetEntities(ctx, service, [][]byte{entity})
+		return err
+	})
+	done()
 	if err != nil {
 		s.storeError(w, r, "reset", err)
 		return

@@ -18,19 +18,25 @@ import (
 
 // A client that gives up its request while the store works on it is not
 // the store failing: no "store unavailable" is logged and no store error
-// counted, whether its check was queued for a decider (and withdrawn) or
-// its batch was waiting on a row lock; the request is counted with
-// status 499.
+// counted, whether its batch was waiting on a row lock or its check was
+// queued for a decider (and withdrawn); the request is counted with
+// status 499. Two deciders: one waits on the row lock from the start,
+// the other takes the batch, then a check that waits on the lock too.
 func TestClientGoneIsNotAStoreError(t *testing.T) {
 	t.Parallel()
 	core, logs := observer.New(zap.InfoLevel)
 	reg := prometheus.NewRegistry()
-	h := newHarness(t, func(c *config.Config) { c.Postgres.MaxConns = 1 }, serve.WithLogger(zap.New(core)), serve.WithRegistry(reg))
+	h := newHarness(t, func(c *config.Config) { c.Postgres.MaxConns = 2 }, serve.WithLogger(zap.New(core)), serve.WithRegistry(reg))
 	release := blockDecider(t, h)
+	var second <-chan answer
 	for _, tc := range []struct{ name, path, body string }{
-		{"a single check queued for the decider", "/v1/check", `{"service":"a","entity":"queued","payload":1}`},
 		{"a batch waiting on the row lock", "/v1/check:batch", `{"checks":[{"service":"a","entity":"blocked","payload":3}]}`},
+		{"a single check queued for the deciders", "/v1/check", `{"service":"a","entity":"queued","payload":1}`},
 	} {
+		if second == nil && tc.path == "/v1/check" {
+			second = send(h, tokenAll, `{"service":"a","entity":"blocked","payload":4}`)
+			time.Sleep(200 * time.Millisecond) // the other decider waits on the lock
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
 		req, _ := http.NewRequestWithContext(ctx, "POST", h.url+tc.path, strings.NewReader(tc.body))
 		req.Header.Set("Authorization", "Bearer "+tokenAll)
@@ -51,6 +57,9 @@ func TestClientGoneIsNotAStoreError(t *testing.T) {
 	}
 	if r := release(); !strings.HasPrefix(r, "200 ") {
 		t.Errorf("the blocked check: %s", r)
+	}
+	if a := <-second; a.code != 200 {
+		t.Errorf("the second blocked check: %v", a)
 	}
 	if n := logs.FilterMessage("serve: store unavailable").Len(); n > 0 {
 		t.Errorf("%d requests whose clients went away were logged as the store unavailable: %v", n, logs.FilterMessage("serve: store unavailable").All()[0].ContextMap())

@@ -25,6 +25,12 @@ import (
 // ends (timeout, client gone) before a decider took it is withdrawn: no
 // decision is made. Once taken, it is answered by its batch, which runs
 // with the earliest deadline of its checks.
+//
+// The deciders run the rest of the store work too (a batch request, a
+// state read or reset: a job, see do), one job at a time, in the order
+// of the queue: they are the only users of the store's connections, so
+// that every request waiting for PostgreSQL waits in this one queue,
+// whose oldest entry tells how far the store is behind (see oldest).
 type combiner struct {
 	base    context.Context // the deciders' context: never canceled, values only
 	store   *dedup.Store
@@ -42,9 +48,13 @@ type combiner struct {
 // maxCombined bounds the checks of one combined transaction.
 const maxCombined = 256
 
-// waiter is one check waiting for its decision.
+// waiter is one check waiting for its decision, or one job.
 type waiter struct {
-	item     dedup.CheckItem
+	item dedup.CheckItem
+	// job, when set, is store work of a request of its own, run alone
+	// with ctx (the request's) instead of item.
+	job      func(context.Context) error
+	ctx      context.Context
 	deadline time.Time
 	queued   time.Time // when it joined the queue
 	taken    bool      // a decider has it: it will be answered
@@ -88,6 +98,19 @@ func (c *combiner) check(ctx context.Context, item dedup.CheckItem) (dedup.Decis
 		deadline = time.Now().Add(c.timeout)
 	}
 	w := &waiter{item: item, deadline: deadline, queued: time.Now(), done: make(chan struct{})}
+	return c.wait(ctx, w)
+}
+
+// do runs job with ctx on a decider, in its turn, and returns its error;
+// ctx's error, with job not run, when ctx ends before a decider took it.
+func (c *combiner) do(ctx context.Context, job func(context.Context) error) error {
+	w := &waiter{job: job, ctx: ctx, queued: time.Now(), done: make(chan struct{})}
+	_, err := c.wait(ctx, w)
+	return err
+}
+
+// wait queues w for a decider and waits for its answer.
+func (c *combiner) wait(ctx context.Context, w *waiter) (dedup.Decision, error) {
 	c.mu.Lock()
 	c.queue = append(c.queue, w)
 	c.mu.Unlock()
@@ -111,8 +134,8 @@ func (c *combiner) check(ctx context.Context, item dedup.CheckItem) (dedup.Decis
 	return w.decision, w.err
 }
 
-// oldest is how long the oldest check not yet taken has waited (0 when
-// none waits): how far the deciders are behind.
+// oldest is how long the oldest check or job not yet taken has waited (0
+// when none waits): how far the deciders are behind.
 func (c *combiner) oldest() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -122,13 +145,20 @@ func (c *combiner) oldest() time.Duration {
 	return time.Since(c.queue[0].queued)
 }
 
-// take removes up to max waiting checks, marking them taken.
+// take removes the job first in the queue, or up to max waiting checks
+// before the first job, marking them taken.
 func (c *combiner) take() []*waiter {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := min(len(c.queue), c.max)
 	if n == 0 {
 		return nil
+	}
+	for i, w := range c.queue[:n] {
+		if w.job != nil {
+			n = max(1, i)
+			break
+		}
 	}
 	batch := slices.Clone(c.queue[:n])
 	c.queue = slices.Delete(c.queue, 0, n)
@@ -151,6 +181,11 @@ func (c *combiner) decider() {
 			case <-c.stop:
 				return
 			}
+		}
+		if w := batch[0]; w.job != nil {
+			w.err = w.job(w.ctx)
+			close(w.done)
+			continue
 		}
 		deadline := batch[0].deadline
 		items = items[:0]

@@ -15,3 +15,6 @@ func HTTPTimeouts(s *Server) (header, read, write, idle time.Duration) {
 // StatusClientGone is the status recorded for a request whose client went
 // away.
 const StatusClientGone = statusClientGone
+
+// ReadyProbes is the number of store pings /readyz has sent.
+func ReadyProbes(s *Server) int64 { return s.ready.probes.Load() }

@@ -71,7 +71,9 @@ const (
 	// evictUntrustedAfter.
 	connUntrusted
 	// connTrusted: serving a request with a valid token, within its
-	// token's share of the connections. Never closed for room.
+	// token's share of the connections, or one whose store work was
+	// admitted (see hold): it may have decided, and its answer must reach
+	// its client. Never closed for room.
 	connTrusted
 )
 
@@ -546,6 +548,34 @@ func (l *connLimit) trust(lc *limitedConn, t *token) {
 	l.setStateLocked(lc, connTrusted)
 	lc.token = t
 	l.byToken[t]++
+}
+
+// hold marks lc, serving a request whose store work is admitted, as not
+// to be closed for room until the request ends (its answer written): its
+// check may be decided (committed) at any time from now, and a client
+// whose connection was closed could not know it was, and would be told
+// duplicate for its own content on retrying. It is false when lc was
+// closed for room already: nothing may then be decided.
+func (l *connLimit) hold(lc *limitedConn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if lc.released || lc.evicted.Load() {
+		return false
+	}
+	if lc.state == connUntrusted {
+		// Counted in no token's share; idle once the request ends.
+		l.setStateLocked(lc, connTrusted)
+	}
+	return true
+}
+
+// holdRequest holds r's connection (see connLimit.hold), when r came
+// through a connLimit.
+func holdRequest(r *http.Request) bool {
+	if lc, ok := r.Context().Value(connKey{}).(*limitedConn); ok {
+		return lc.l.hold(lc)
+	}
+	return true
 }
 
 // connState is the http.Server's ConnState hook: it keeps track of what

@@ -44,6 +44,7 @@ func testConfig(dsn string) config.Config {
 type harness struct {
 	t      *testing.T
 	url    string
+	dsn    string // postgres.dsn
 	store  *dedup.Store
 	srv    *serve.Server
 	client *http.Client
@@ -54,7 +55,14 @@ type harness struct {
 // document (contract_test.go).
 func newHarness(t *testing.T, mutate func(*config.Config), opts ...serve.Option) *harness {
 	t.Helper()
-	h := newServer(t, mutate, opts...)
+	return newHarnessPool(t, 8, mutate, opts...)
+}
+
+// newHarnessPool is newHarness with a store pool of poolConns connections
+// (0: postgres.max_conns, as `dam serve` opens it).
+func newHarnessPool(t *testing.T, poolConns int32, mutate func(*config.Config), opts ...serve.Option) *harness {
+	t.Helper()
+	h := newServerPool(t, poolConns, mutate, opts...)
 	h.srv.Start(context.Background())
 	t.Cleanup(h.srv.Close) // after the HTTP server's close (cleanups run last first)
 	ts := httptest.NewServer(validated(t, h.srv.Handler()))
@@ -67,6 +75,13 @@ func newHarness(t *testing.T, mutate func(*config.Config), opts ...serve.Option)
 // mutate, with opts, without serving it.
 func newServer(t *testing.T, mutate func(*config.Config), opts ...serve.Option) *harness {
 	t.Helper()
+	return newServerPool(t, 8, mutate, opts...)
+}
+
+// newServerPool is newServer with a store pool of poolConns connections
+// (0: postgres.max_conns, as `dam serve` opens it).
+func newServerPool(t *testing.T, poolConns int32, mutate func(*config.Config), opts ...serve.Option) *harness {
+	t.Helper()
 	dsn := pgtest.DSN(t)
 	cfg := testConfig(dsn)
 	if mutate != nil {
@@ -75,7 +90,10 @@ func newServer(t *testing.T, mutate func(*config.Config), opts ...serve.Option) 
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	store, err := dedup.Open(context.Background(), cfg.Postgres.DSN, dedup.Config{MaxConns: 8})
+	if poolConns == 0 {
+		poolConns = cfg.Postgres.MaxConns
+	}
+	store, err := dedup.Open(context.Background(), cfg.Postgres.DSN, dedup.Config{MaxConns: poolConns})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +102,7 @@ func newServer(t *testing.T, mutate func(*config.Config), opts ...serve.Option) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &harness{t: t, store: store, srv: srv, client: http.DefaultClient}
+	return &harness{t: t, dsn: cfg.Postgres.DSN, store: store, srv: srv, client: http.DefaultClient}
 }
 
 // run serves h with Run (its connection limit, TLS, its server's

@@ -2,10 +2,13 @@ package serve
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/dam-dedup/dam/dedup"
@@ -27,9 +30,20 @@ const (
 // flight the previous result answers (the first probe is waited for).
 // The reason of a failure is logged when readiness changes, never
 // answered: /readyz is unauthenticated.
+//
+// The ping goes over a connection of its own, not one of the store's
+// pool: under load every connection of the pool may be busy (deciding,
+// or waiting on a row lock) for longer than a probe may take, and a
+// service whose store answers is ready however busy; reported not ready
+// under load, every replica would be taken out of service at once.
 type readiness struct {
-	store *dedup.Store
-	log   *zap.Logger
+	store  *dedup.Store
+	log    *zap.Logger
+	probes atomic.Int64 // pings sent
+
+	cmu    sync.Mutex
+	conn   *pgx.Conn // the probe's connection between probes; nil until connected, after a failure, or in use
+	closed bool
 
 	mu      sync.Mutex
 	err     error
@@ -64,7 +78,7 @@ func (r *readiness) check(ctx context.Context) error {
 	// The probe answers every asker, not only this request: it runs to
 	// its own timeout whatever happens to this request.
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
-	err := r.store.Ping(pctx)
+	err := r.ping(pctx)
 	cancel()
 
 	r.mu.Lock()
@@ -78,6 +92,61 @@ func (r *readiness) check(ctx context.Context) error {
 	r.err, r.at, r.probing = err, time.Now(), nil
 	close(ch)
 	return err
+}
+
+// errReadinessClosed: the server is closed.
+var errReadinessClosed = errors.New("closed")
+
+// ping pings the store over the probe's connection, connecting it first
+// when there is none; a connection that fails is closed, and the next
+// probe connects anew.
+func (r *readiness) ping(ctx context.Context) error {
+	r.cmu.Lock()
+	c, closed := r.conn, r.closed
+	r.conn = nil
+	r.cmu.Unlock()
+	if closed {
+		return errReadinessClosed
+	}
+	r.probes.Add(1)
+	var err error
+	if c == nil {
+		if c, err = pgx.ConnectConfig(ctx, r.store.Pool().Config().ConnConfig.Copy()); err != nil {
+			return err
+		}
+	}
+	if err = c.Ping(ctx); err != nil {
+		closeConn(c)
+		return err
+	}
+	r.cmu.Lock()
+	if r.closed {
+		r.cmu.Unlock()
+		closeConn(c)
+		return errReadinessClosed
+	}
+	r.conn = c
+	r.cmu.Unlock()
+	return nil
+}
+
+// close closes the probe's connection (or has the probe in flight close
+// it); probes fail from then on.
+func (r *readiness) close() {
+	r.cmu.Lock()
+	c := r.conn
+	r.conn, r.closed = nil, true
+	r.cmu.Unlock()
+	if c != nil {
+		closeConn(c)
+	}
+}
+
+// closeConn closes c, waiting at most a second for the server to hear.
+func closeConn(c *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = c.Close(ctx)
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {

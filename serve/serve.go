@@ -17,12 +17,17 @@
 //
 // Past capacity the service sheds the excess rather than queue it (see
 // admission): the checks queued for PostgreSQL or being decided are
-// bounded by serve.max_checks_in_flight, and while the oldest check queued
-// has waited past maxStoreWait the store is behind; either way a request
-// is answered 503 overloaded with Retry-After at once (after admitWait at
-// most), nothing decided, while the work admitted is decided in time. A
-// request whose client went away is not the store's failure: it is
-// neither logged nor counted as one.
+// bounded by serve.max_checks_in_flight, and while the oldest work queued
+// for PostgreSQL's connections (a single check, a batch, a state read or
+// reset: they all wait for the deciders, see combiner) has waited past
+// maxStoreWait the store is behind; either way a request is answered 503
+// overloaded with Retry-After at once (after admitWait at most, or
+// maxStoreWait for a request within its token's fair share of the
+// bound), nothing decided, while the work admitted is decided in time.
+// The bound is shared among the tokens: a token flooding the service
+// takes the room the others leave, never theirs. A request whose client
+// went away is not the store's failure: it is neither logged nor counted
+// as one.
 //
 // Endpoints (JSON; errors are {"code", "message"}):
 //
@@ -171,7 +176,7 @@ func New(cfg config.Config, store *dedup.Store, opts ...Option) (*Server, error)
 	}
 	s.metrics = newMetrics(s.reg, services)
 	s.ready = readiness{store: store, log: s.log}
-	s.admission = newAdmission(checksInFlight(cfg), admitWait, s.metrics.checksInFlight)
+	s.admission = newAdmission(checksInFlight(cfg), admitWait, maxStoreWait, s.metrics.checksInFlight)
 	s.timeouts = newTimeouts(cfg.Serve.RequestTimeout)
 	var err error
 	if t := cfg.Serve.TLS; t.Enabled() {
@@ -273,11 +278,13 @@ func (s *Server) Start(ctx context.Context) {
 }
 
 // Close stops the deciders Start started, after their transactions in
-// flight. Call it once the HTTP server has drained.
+// flight, and closes /readyz's connection to the store. Call it once the
+// HTTP server has drained.
 func (s *Server) Close() {
 	if c := s.combiner.Swap(nil); c != nil {
 		c.close()
 	}
+	s.ready.close()
 }
 
 // Handler returns the service's HTTP handler: the API, /metrics, /healthz
