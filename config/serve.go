@@ -61,10 +61,12 @@ type Serve struct {
 	// MaxChecksInFlight bounds the checks queued for PostgreSQL or being
 	// decided at once (a single check is one, a batch its checks, a
 	// state read or reset one): past it, a request waits for room up to
-	// 20 ms, then gets 503 overloaded with Retry-After. Whatever the
-	// bound, while the oldest check queued has waited over 250 ms for
-	// PostgreSQL, a request gets that 503 at once: past capacity the
-	// excess is told so at once, and what is admitted is decided in time.
+	// 20 ms (250 ms while several tokens want room and its token holds
+	// less than its fair share), then gets 503 overloaded with
+	// Retry-After. Whatever the bound, while the oldest store work queued
+	// (checks, batches, state reads and resets share one queue) has waited
+	// over 250 ms for PostgreSQL, a request gets that 503 at once: past
+	// capacity the excess is told so at once, and what is admitted is decided in time.
 	// 0 (the default): 256 per postgres.max_conns connection (2048 with
 	// its default of 8), what the deciders take in one round.
 	MaxChecksInFlight int `koanf:"max_checks_in_flight"`
