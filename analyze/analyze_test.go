@@ -16,31 +16,6 @@ import (
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// routeOf returns a validated route reading topic "t", set by set.
-func routeOf(t *testing.T, set func(r *config.Route)) config.Route {
-	t.Helper()
-	r := config.DefaultRoute()
-	r.Service, r.From, r.To = "svc", "t", "out"
-	if set != nil {
-		set(&r)
-	}
-	cfg := config.Default()
-	cfg.Routes = []config.Route{r}
-	if err := cfg.ValidateForAnalyze(); err != nil {
-		t.Fatal(err)
-	}
-	return cfg.Routes[0]
-}
-
-func run(t *testing.T, src analyze.Source, r config.Route, o analyze.Options) *analyze.Report {
-	t.Helper()
-	rep, err := analyze.Run(context.Background(), src, []config.Route{r}, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rep
-}
-
 // TestIdentityLimitStops: the reading stops before the record that would
 // hold one identity too many, the report says so and where, and the
 // what-if runs read the same records.

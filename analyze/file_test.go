@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -27,15 +25,6 @@ func readAll(t *testing.T, src analyze.Source) []*kgo.Record {
 		t.Fatal(err)
 	}
 	return recs
-}
-
-func writeFile(t *testing.T, lines ...string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "records")
-	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // TestFileSourceForms reads both line forms: kcat's -J envelope (its key,

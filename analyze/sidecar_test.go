@@ -24,8 +24,6 @@ import (
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
-
 // modeCase is a route of one mode and how its input is made.
 type modeCase struct {
 	name  string

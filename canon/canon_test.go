@@ -8,24 +8,6 @@ import (
 	"testing"
 )
 
-func mustNew(t testing.TB, opts ...Option) *Hasher {
-	t.Helper()
-	h, err := New(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h
-}
-
-func mustSum(t testing.TB, h *Hasher, in string) Digest {
-	t.Helper()
-	d, err := h.Sum([]byte(in))
-	if err != nil {
-		t.Fatalf("Sum(%q): %v", in, err)
-	}
-	return d
-}
-
 func TestSumEqual(t *testing.T) {
 	tests := []struct {
 		name   string

@@ -140,10 +140,6 @@ var seqHashers = []struct {
 	{"values", []Option{WithIgnore("/ts", "/*/note"), WithValues("/id", "/0/id", "/a/sku")}},
 }
 
-// seqSep separates the documents of a FuzzSequence input: the record
-// separator of JSON text sequences (RFC 7464), never valid inside JSON.
-const seqSep = "\x1e"
-
 // FuzzSequence feeds a sequence of documents through one state, as the
 // documents of a topic go through one Hasher: the shape cache and the
 // name predictions of earlier documents apply to later ones (repeated

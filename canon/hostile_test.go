@@ -110,9 +110,9 @@ func TestHostileNeverPanics(t *testing.T) {
 	}
 }
 
-// An error quotes at most 64 bytes of the input: a 490 kB member name used
-// to make a 490 kB error, then a log line and a dead letter too large for
-// Kafka (issue 18).
+// An error quotes at most 64 bytes of the input: a duplicate 490 kB
+// member name gives an error of at most 200 bytes, valid UTF-8, naming the
+// length, so that its log line and dead letter stay small enough for Kafka.
 func TestErrorQuotesLittleInput(t *testing.T) {
 	long := strings.Repeat("n", 490_000)
 	for _, in := range []string{

@@ -11,69 +11,11 @@ import (
 	"time"
 )
 
-// valid returns a minimal valid configuration.
-func valid() Config {
-	c := Default()
-	c.Kafka.Brokers = []string{"localhost:9092"}
-	c.Kafka.Group = "g"
-	c.Postgres.DSN = "postgres://dam@localhost/dam"
-	r := DefaultRoute()
-	r.Service, r.From, r.To = "a", "in.a", "out.a"
-	c.Routes = []Route{r}
-	return c
-}
-
 // route returns a second valid route.
 func route(service, from, to string) Route {
 	r := DefaultRoute()
 	r.Service, r.From, r.To = service, from, to
 	return r
-}
-
-// problems returns the joined errors of err, each required to be an *Error
-// or a *FileError.
-func problems(t testing.TB, err error) []error {
-	t.Helper()
-	if err == nil {
-		return nil
-	}
-	var errs []error
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
-	} else {
-		errs = []error{err}
-	}
-	for _, e := range errs {
-		var ce *Error
-		var fe *FileError
-		switch {
-		case errors.As(e, &ce):
-			if ce.Key == "" {
-				t.Errorf("error without a key: %v", e)
-			}
-		case errors.As(e, &fe):
-		default:
-			t.Errorf("error %T is neither *Error nor *FileError: %v", e, e)
-		}
-	}
-	return errs
-}
-
-// wantProblem asserts that err contains exactly one problem whose text
-// starts with "key: " and contains msg.
-func wantProblem(t *testing.T, err error, key, msg string) {
-	t.Helper()
-	errs := problems(t, err)
-	if len(errs) != 1 {
-		t.Fatalf("want one problem %s: ...%s..., got %d: %v", key, msg, len(errs), err)
-	}
-	var ce *Error
-	if !errors.As(errs[0], &ce) || ce.Key != key {
-		t.Fatalf("want key %q, got %v", key, errs[0])
-	}
-	if got := errs[0].Error(); !strings.HasPrefix(got, key+": ") || !strings.Contains(got, msg) {
-		t.Fatalf("want %q containing %q, got %q", key+": ...", msg, got)
-	}
 }
 
 func TestDefaultValid(t *testing.T) {
@@ -310,43 +252,6 @@ func TestValidateReportsAllInOrder(t *testing.T) {
 	}
 }
 
-func writeFile(t testing.TB, text string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "dam.yaml")
-	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-const minimal = `
-kafka: {brokers: [localhost:9092], group: g}
-postgres: {dsn: "postgres://dam@localhost/dam"}
-routes:
-  - {service: a, from: in.a, to: out.a}
-`
-
-// minimalWith returns minimal with its top-level line for section replaced
-// by line (or line added).
-func minimalWith(section, line string) string {
-	var out []string
-	replaced := false
-	for _, l := range strings.Split(minimal, "\n") {
-		switch {
-		case strings.HasPrefix(l, section+":"):
-			out = append(out, line)
-			replaced = true
-		case replaced && strings.HasPrefix(l, "  ") && section == "routes":
-		default:
-			out = append(out, l)
-		}
-	}
-	if !replaced {
-		out = append(out, line)
-	}
-	return strings.Join(out, "\n") + "\n"
-}
-
 func TestLoadExample(t *testing.T) {
 	c, err := Load("testdata/dam.yaml", nil)
 	if err != nil {
@@ -575,7 +480,7 @@ func TestRedactDSN(t *testing.T) {
 		"host=db password = 's3 cr\\'et' dbname=dam":        "host=db password = xxxxx dbname=dam",
 		"host=db PASSWORD=s3cret":                           "host=db PASSWORD=xxxxx",
 		"postgres://dam:s3cret@db:bad port/dam":             "xxxxx",
-		// Every key that ends in "password" (issue 19, item 10).
+		// Every key that ends in "password", sslpassword among them.
 		"postgres://db/dam?sslpassword=s3cret&sslmode=verify-full": "postgres://db/dam?sslmode=verify-full&sslpassword=xxxxx",
 		"postgres://db/dam?SSLPassword=s3cret":                     "postgres://db/dam?SSLPassword=xxxxx",
 		"host=db sslpassword=s3cret sslkey=/k.pem":                 "host=db sslpassword=xxxxx sslkey=/k.pem",

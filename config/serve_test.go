@@ -32,8 +32,6 @@ func TestServeExample(t *testing.T) {
 	}
 }
 
-const longToken = "0123456789abcdef-token"
-
 func TestServeValidateErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

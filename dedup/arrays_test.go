@@ -3,9 +3,11 @@ package dedup_test
 import (
 	"context"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pgtest"
@@ -79,4 +81,28 @@ func deref(s *string) string {
 		return (*s)[:80] + "..."
 	}
 	return *s
+}
+
+// TestNewStoreExecModes: a Store built by NewStore on the caller's own
+// pool (the library use; the pool has none of registerArrays' codecs)
+// decides in the exec and simple_protocol query exec modes
+// (pgbouncer's transaction pooling), where pgx needs an encode plan for
+// the decide's named array types without dam's codecs: without one every
+// Decide fails and the partition never advances.
+func TestNewStoreExecModes(t *testing.T) {
+	for _, mode := range []string{"exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			pool, err := pgxpool.New(context.Background(), pgtest.DSN(t)+"&default_query_exec_mode="+mode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			s := dedup.NewStore(pool)
+			p, epoch := partition(t, s, "in")
+			got := decideAll(t, s, "svc", p, epoch, []rec{{"a", "1"}, {"b", "1"}, {"a", "1"}, {"a", "2"}}, 2)
+			if want := []dedup.Decision{F, F, D, F}; !slices.Equal(got, want) {
+				t.Fatalf("got %v, want %v", got, want)
+			}
+		})
+	}
 }

@@ -16,12 +16,6 @@ import (
 	"github.com/dam-dedup/dam/internal/pgtest"
 )
 
-const (
-	F = dedup.Forward
-	D = dedup.Duplicate
-	I = dedup.Invalid
-)
-
 func TestDecideSemantics(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -500,9 +494,9 @@ func TestDecideNewIdentityRace(t *testing.T) {
 }
 
 // A Decide that keeps losing races for new identities ends with an error
-// the caller retries (ErrUnavailable), not with the unique violation that
-// halted the sidecar's partition for good (issue 18, item 5). Here it may
-// run once only, and loses that run.
+// the caller retries (ErrUnavailable), not with the unique violation, a
+// permanent error that would halt the sidecar's partition for good. Here
+// it may run once only, and loses that run.
 func TestDecideLosingRacesIsTransient(t *testing.T) {
 	defer dedup.SetDecideAttempts(0)() // one run for a batch of one identity
 	s := newStore(t)

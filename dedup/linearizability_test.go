@@ -194,5 +194,3 @@ func testLinearizable(t *testing.T, shape func(*dedup.Store) *dedup.Store) {
 		t.Fatalf("history is not linearizable: %s", res)
 	}
 }
-
-var errRollback = errors.New("rolled back on purpose")

@@ -18,56 +18,11 @@ const (
 	R = dedup.Refresh
 )
 
-// t0 is the decision time the mode tests start from: the clock is passed
-// explicitly (Batch.Now), so boundaries are exact to the microsecond.
-var t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-
-// vrec is a record of the mode tests: an identity, a content and, in
-// version mode, a version.
-type vrec struct {
-	id      string
-	content string
-	version int64
-}
-
 // step is one batch decided at t0 + at.
 type step struct {
 	at   time.Duration
 	recs []vrec
 	want []dedup.Decision
-}
-
-// stream decides batches of one partition under one rule.
-type stream struct {
-	t     testing.TB
-	s     *dedup.Store
-	p     dedup.Partition
-	epoch int64
-	next  int64
-	rule  dedup.Rule
-	svc   string
-}
-
-func newStream(t testing.TB, s *dedup.Store, name string, rule dedup.Rule) *stream {
-	p, epoch := partition(t, s, name)
-	return &stream{t: t, s: s, p: p, epoch: epoch, rule: rule, svc: "svc"}
-}
-
-// decide decides recs as one batch at now (zero: the database's clock).
-func (st *stream) decide(now time.Time, recs ...vrec) []dedup.Decision {
-	st.t.Helper()
-	b := &dedup.Batch{Service: st.svc, Partition: st.p, Epoch: st.epoch, Rule: st.rule, Now: now,
-		Start: st.next, End: st.next + int64(len(recs))}
-	for i, r := range recs {
-		b.Records = append(b.Records, dedup.Record{Offset: st.next + int64(i), Entity: []byte(r.id),
-			Digest: digest(r.content), Version: r.version, Invalid: r.content == ""})
-	}
-	got, err := st.s.Decide(context.Background(), b, nil)
-	if err != nil {
-		st.t.Fatalf("Decide at %v: %v", now, err)
-	}
-	st.next = b.End
-	return got
 }
 
 func runSteps(t *testing.T, rule dedup.Rule, steps []step) {
@@ -80,8 +35,6 @@ func runSteps(t *testing.T, rule dedup.Rule, steps []step) {
 		}
 	}
 }
-
-const us = time.Microsecond
 
 func TestWindowSemantics(t *testing.T) {
 	t.Parallel()

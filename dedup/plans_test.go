@@ -16,11 +16,11 @@ import (
 
 // TestDecidePlans: no statement of a Decide scans a whole table, in each
 // mode, from an empty table on: the lock reads by key (the batch's keys in
-// the index condition), the rewrites by tid. A plan for a batch of
-// thousands of identities was a sequential scan of the whole state table,
-// for the lock and, in a hash join, for the rewrite by tid; the sliding
-// window's extension read every id of the service through the expiry
-// index.
+// the index condition), the rewrites by tid, for a batch of thousands of
+// identities too: not a sequential scan of the whole state table for the
+// lock, nor one in a hash join for the rewrite by tid; and the sliding
+// window's extension does not read every id of the service through the
+// expiry index.
 func TestDecidePlans(t *testing.T) {
 	for _, m := range []struct {
 		name string
@@ -167,8 +167,8 @@ func TestServiceWalkPlans(t *testing.T) {
 // TestDecidePlansForBigBatches: planned for a batch of 3,000 identities on
 // an analyzed table of 30,000 rows (as a prepared statement's first
 // executions are, with their arguments), the lock looks the keys up and
-// the rewrites go by tid, with the decide's planner settings. Without
-// them, PostgreSQL chose a sequential scan of the whole table for both.
+// the rewrites go by tid, with the decide's planner settings (without
+// them, PostgreSQL plans a sequential scan of the whole table for both).
 func TestDecidePlansForBigBatches(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/explain"
@@ -266,4 +267,18 @@ func diffText(res *explain.OffsetExplanation) string {
 		return "(none)"
 	}
 	return fmt.Sprintf("%s (offset %d -> %d)", res.Difference, res.DifferenceFrom, res.Offset)
+}
+
+// sumOf is value's digest under canon's defaults.
+func sumOf(t *testing.T, value string) canon.Digest {
+	t.Helper()
+	h, err := canon.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := h.Sum([]byte(value))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }

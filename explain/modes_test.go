@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/explain"
@@ -388,18 +387,4 @@ func lastSeenRoute(t *testing.T, e *env) *pipeline.Route {
 		t.Fatalf("compiled rule %+v, want last-seen", route.Rule())
 	}
 	return route
-}
-
-// sumOf is value's digest under canon's defaults.
-func sumOf(t *testing.T, value string) canon.Digest {
-	t.Helper()
-	h, err := canon.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := h.Sum([]byte(value))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
 }

@@ -117,16 +117,6 @@ func TestQueuedCheckWithdrawn(t *testing.T) {
 	}
 }
 
-func grep(text, word string) string {
-	var out []string
-	for _, l := range strings.Split(text, "\n") {
-		if strings.Contains(l, word) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
 // countOf returns dam_serve_combined_checks_count's value as text.
 func countOf(metrics string) string {
 	for _, l := range strings.Split(metrics, "\n") {

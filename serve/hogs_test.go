@@ -16,36 +16,6 @@ import (
 	"github.com/dam-dedup/dam/internal/testcert"
 )
 
-// headOnly opens a connection to addr from the loopback address from
-// ("" for the default) and sends a check's request line and headers with
-// token, announcing a body of length bytes, then part of the body; the
-// rest is left to the caller.
-func headOnly(t *testing.T, addr, from, token string, length int, part string) net.Conn {
-	t.Helper()
-	c := dialFrom(t, addr, from)
-	head := fmt.Sprintf("POST /v1/check HTTP/1.1\r\nHost: dam\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n", token, length)
-	if _, err := io.WriteString(c, head+part); err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-// dialFrom connects to addr from the loopback address from ("" for any),
-// closing the connection when the test ends.
-func dialFrom(t *testing.T, addr, from string) net.Conn {
-	t.Helper()
-	d := net.Dialer{Timeout: 5 * time.Second}
-	if from != "" {
-		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
-	}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 // timedChecks sends n checks of service a with token, one after the
 // other, on a client of its own (keep-alive), and returns their latencies
 // and the answers that were not 200.

@@ -13,36 +13,6 @@ import (
 	"github.com/dam-dedup/dam/dedup"
 )
 
-// blockDecider holds the row lock of a/blocked in a transaction of its
-// own and starts a check of it, so that the one decider (max_conns 1)
-// waits on the lock while the checks sent meanwhile queue up and are
-// taken together as soon as the returned function releases the lock.
-func blockDecider(t *testing.T, h *harness) (release func() string) {
-	t.Helper()
-	ctx := context.Background()
-	h.check("a", "blocked", "1")
-	tx, err := h.store.Pool().Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM state WHERE service = 'a' AND entity = 'blocked' FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
-	first := make(chan string, 1)
-	go func() {
-		code, _, out := h.do("POST", "/v1/check", tokenAll, `{"service":"a","entity":"blocked","payload":2}`)
-		first <- fmt.Sprint(code, " ", out)
-	}()
-	time.Sleep(200 * time.Millisecond) // the decider took it and waits on the lock
-	return func() string {
-		if err := tx.Rollback(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return <-first
-	}
-}
-
 // queued sends each body concurrently while the decider is blocked, then
 // releases it, and returns each answer as "CODE BODY".
 func queued(t *testing.T, h *harness, token string, bodies []string) []string {
@@ -70,8 +40,7 @@ func queued(t *testing.T, h *harness, token string, bodies []string) []string {
 // sidecar's identity limit, a service name with NUL or too long) is a 400
 // naming its field, decided alone before it reaches the store: the checks
 // of other clients combined with it in one transaction are decided as if
-// it had not been sent (issue 19, item 1: 57 such checks failed 132 of
-// another service's 7,738 with 500).
+// it had not been sent, never failed with it (500).
 func TestBadIdentityFailsAlone(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.Postgres.MaxConns = 1 })

@@ -37,55 +37,10 @@ func rawRequest(t *testing.T, addr string, length int, part string) net.Conn {
 	return c
 }
 
-// rawResponse reads the response on c: its status and Retry-After and
-// body, or an error (within limit).
-func rawResponse(c net.Conn, limit time.Duration) (int, string, string, error) {
-	_ = c.SetReadDeadline(time.Now().Add(limit))
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		return 0, "", "", err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header.Get("Retry-After"), string(b), nil
-}
-
 // checkOfSize is a valid check whose body is exactly n bytes.
 func checkOfSize(entity string, n int) string {
 	head := `{"service":"a","entity":"` + entity + `","payload":"`
 	return head + strings.Repeat("x", n-len(head)-2) + `"}`
-}
-
-// answer is a response read by send.
-type answer struct {
-	code       int
-	retryAfter string
-	body       string
-	err        error
-	took       time.Duration
-}
-
-func (a answer) String() string {
-	return fmt.Sprintf("%d Retry-After %q after %s: %.200s %v", a.code, a.retryAfter, a.took.Round(time.Millisecond), a.body, a.err)
-}
-
-// send posts body to /v1/check with token in the background.
-func send(h *harness, token, body string) <-chan answer {
-	c := make(chan answer, 1)
-	go func() {
-		began := time.Now()
-		req, _ := http.NewRequest("POST", h.url+"/v1/check", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := h.client.Do(req)
-		if err != nil {
-			c <- answer{err: err, took: time.Since(began)}
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		c <- answer{code: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: string(b), took: time.Since(began)}
-	}()
-	return c
 }
 
 // The bodies in flight are bounded by each token's share of

@@ -1,15 +1,18 @@
 package serve_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
@@ -176,4 +179,120 @@ func errorCode(t *testing.T, body string) (code, message string) {
 		t.Fatalf("not a JSON error body: %q (%v)", body, err)
 	}
 	return e.Code, e.Message
+}
+
+// grep returns the lines of text that hold word.
+func grep(text, word string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, word) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// headOnly opens a connection to addr from the loopback address from
+// ("" for the default) and sends a check's request line and headers with
+// token, announcing a body of length bytes, then part of the body; the
+// rest is left to the caller.
+func headOnly(t *testing.T, addr, from, token string, length int, part string) net.Conn {
+	t.Helper()
+	c := dialFrom(t, addr, from)
+	head := fmt.Sprintf("POST /v1/check HTTP/1.1\r\nHost: dam\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n", token, length)
+	if _, err := io.WriteString(c, head+part); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// dialFrom connects to addr from the loopback address from ("" for any),
+// closing the connection when the test ends.
+func dialFrom(t *testing.T, addr, from string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if from != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
+	}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// rawResponse reads the response on c: its status and Retry-After and
+// body, or an error (within limit).
+func rawResponse(c net.Conn, limit time.Duration) (int, string, string, error) {
+	_ = c.SetReadDeadline(time.Now().Add(limit))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0, "", "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("Retry-After"), string(b), nil
+}
+
+// answer is a response read by send.
+type answer struct {
+	code       int
+	retryAfter string
+	body       string
+	err        error
+	took       time.Duration
+}
+
+func (a answer) String() string {
+	return fmt.Sprintf("%d Retry-After %q after %s: %.200s %v", a.code, a.retryAfter, a.took.Round(time.Millisecond), a.body, a.err)
+}
+
+// send posts body to /v1/check with token in the background.
+func send(h *harness, token, body string) <-chan answer {
+	c := make(chan answer, 1)
+	go func() {
+		began := time.Now()
+		req, _ := http.NewRequest("POST", h.url+"/v1/check", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := h.client.Do(req)
+		if err != nil {
+			c <- answer{err: err, took: time.Since(began)}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		c <- answer{code: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: string(b), took: time.Since(began)}
+	}()
+	return c
+}
+
+// blockDecider holds the row lock of a/blocked in a transaction of its
+// own and starts a check of it, so that the one decider (max_conns 1)
+// waits on the lock while the checks sent meanwhile queue up and are
+// taken together as soon as the returned function releases the lock.
+func blockDecider(t *testing.T, h *harness) (release func() string) {
+	t.Helper()
+	ctx := context.Background()
+	h.check("a", "blocked", "1")
+	tx, err := h.store.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM state WHERE service = 'a' AND entity = 'blocked' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan string, 1)
+	go func() {
+		code, _, out := h.do("POST", "/v1/check", tokenAll, `{"service":"a","entity":"blocked","payload":2}`)
+		first <- fmt.Sprint(code, " ", out)
+	}()
+	time.Sleep(200 * time.Millisecond) // the decider took it and waits on the lock
+	return func() string {
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return <-first
+	}
 }

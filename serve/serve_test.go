@@ -213,8 +213,8 @@ func TestErrors(t *testing.T) {
 		if code != tc.status || c != tc.code || !strings.Contains(msg, tc.msg) {
 			t.Errorf("%s: %d %s %q; want %d %s ...%s...", tc.name, code, c, msg, tc.status, tc.code, tc.msg)
 		}
-		// Messages speak of the API, not of dam's Go types (issue 19,
-		// item 6: "Go struct field checkRequest.service").
+		// Messages speak of the API, not of dam's Go types (such as
+		// "Go struct field checkRequest.service").
 		for _, inner := range []string{"Go ", "serve.check", "serve.batch", "checkRequest", "batchRequest", "json: "} {
 			if strings.Contains(msg, inner) {
 				t.Errorf("%s: the message names %q: %s", tc.name, inner, msg)

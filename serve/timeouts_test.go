@@ -12,9 +12,9 @@ import (
 	"github.com/dam-dedup/dam/serve"
 )
 
-// Every phase of a connection has a timeout (issue 19, item 3: without a
-// WriteTimeout, slow readers of a large /metrics held it for good): an
-// idle keep-alive connection is closed after the idle timeout.
+// Every phase of a connection has a timeout (a WriteTimeout among them,
+// so that slow readers of a large /metrics cannot hold a connection for
+// good): an idle keep-alive connection is closed after the idle timeout.
 func TestServerTimeouts(t *testing.T) {
 	t.Parallel()
 	h := newServer(t, func(c *config.Config) { c.Serve.RequestTimeout = 2 * time.Second })

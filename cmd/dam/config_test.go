@@ -9,15 +9,6 @@ import (
 	"testing"
 )
 
-func writeConfig(t *testing.T, text string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "dam.yaml")
-	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 const testConfig = `
 kafka:
   brokers: [localhost:9092]
@@ -131,7 +122,7 @@ func TestLoadConfigIsUsageError(t *testing.T) {
 
 // A configuration for dam serve alone (no kafka, no routes) is printed
 // with --serve, which checks it as dam serve does; without --serve the
-// errors say that --serve exists (issue 19, item 6).
+// errors say that --serve exists.
 func TestConfigServeOnly(t *testing.T) {
 	unsetDSN(t)
 	t.Setenv("DAM_SERVE_TOKEN", "")
@@ -149,5 +140,23 @@ func TestConfigServeOnly(t *testing.T) {
 	path = writeConfig(t, "postgres: {dsn: \"postgres://dam@db/dam\"}\n")
 	if code, _, errOut := runConfig(t, "--serve", "--config", path); code != 2 || !strings.Contains(errOut, "serve.tokens: required") {
 		t.Fatalf("config --serve without a token: exit %d, %q", code, errOut)
+	}
+}
+
+// dam run refuses a bad configuration before connecting to anything: exit
+// status 2 and the key named.
+func TestRunConfigErrors(t *testing.T) {
+	unsetDSN(t)
+	for _, tc := range []struct{ extra, want string }{
+		{"    ignore: [updated_at]\n", "routes[0].ignore[0]"},
+		{"    mode: sometimes\n", "routes[0].mode"},
+		{"    entity: \"header:\"\n", "routes[0].entity"},
+		{"    fromm: typo\n", "routes[0].fromm: unknown key"},
+	} {
+		path := writeRunConfig(t, "postgres://nobody@127.0.0.1:1/x", tc.extra)
+		code, _, errOut := runDam(t, "run", "--config", path)
+		if code != 2 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%q: got %d %q, want exit 2 naming %s", tc.extra, code, errOut, tc.want)
+		}
 	}
 }

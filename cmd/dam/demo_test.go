@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The demo shows behaviour, not only counts: one entity's forwarded record
@@ -33,5 +36,55 @@ Why was it dropped\? dam explain --topic projections\.customer-1 --partition (\d
 		if !strings.Contains(out, want) {
 			t.Errorf("dam explain's answer has no %q:\n%s", want, out)
 		}
+	}
+}
+
+// The demo runs the real sidecar and fails unless its per-service counts
+// match its reference model: exit 0 means every decision was right. On a
+// database of the test's own: the demo's schema has a fixed name.
+func TestDemo(t *testing.T) {
+	dsn := newDatabase(t)
+	for _, delivery := range []string{"at-least-once", "exactly-once"} {
+		code, out, errOut := runDam(t, "demo", "--records", "3000", "--entities", "200", "--dsn", dsn, "--delivery", delivery)
+		if code != 0 || strings.Count(out, "matches") != 4 {
+			t.Fatalf("demo --delivery %s: exit %d\n%s\n%s", delivery, code, out, errOut)
+		}
+	}
+}
+
+// dam demo drops and makes again the schema dam_demo at each run, but only
+// its own (marked by a comment): a dam_demo it did not make, on whatever
+// server DAM_POSTGRES_DSN names, is refused unless --yes. On a database of
+// the test's own, so that no other test's dam_demo is in the way.
+func TestDemoSchemaNotItsOwn(t *testing.T) {
+	dsn := newDatabase(t)
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), `CREATE SCHEMA dam_demo; CREATE TABLE dam_demo.precious (x int); INSERT INTO dam_demo.precious VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	precious := func() bool {
+		var n int
+		err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = 'dam_demo' AND tablename = 'precious'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	t.Setenv(envPostgresDSN, dsn)
+	args := []string{"demo", "--records", "40", "--entities", "10"}
+	code, _, errOut := runDam(t, args...)
+	if code != 2 || !strings.Contains(errOut, "schema dam_demo exists and was not made by dam demo") || !strings.Contains(errOut, "--yes drops it") || !precious() {
+		t.Fatalf("demo on a dam_demo of someone else's: exit %d, %q; the table is still there: %v", code, errOut, precious())
+	}
+	if code, out, errOut := runDam(t, append(args, "--yes")...); code != 0 || precious() {
+		t.Fatalf("demo --yes: exit %d; the table is still there: %v\n%s\n%s", code, precious(), out, errOut)
+	}
+	// Now dam_demo is the demo's own: the next run drops it without --yes.
+	if code, out, errOut := runDam(t, args...); code != 0 {
+		t.Fatalf("demo again: exit %d\n%s\n%s", code, out, errOut)
 	}
 }

@@ -15,26 +15,6 @@ import (
 // TestWorkedExample prints both questions, as text and JSON, against the
 // real sidecar, and this test its usage errors and failures.
 
-// mustContain checks that out holds every want, runs of spaces counting as
-// one (the text output is aligned in columns).
-func mustContain(t *testing.T, what, out string, wants ...string) {
-	t.Helper()
-	squeeze := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	for _, w := range wants {
-		if !strings.Contains(squeeze(out), squeeze(w)) {
-			t.Errorf("%s lacks %q:\n%s", what, w, out)
-		}
-	}
-}
-
-// runDamStdin is runDam with stdin.
-func runDamStdin(t *testing.T, stdin string, args ...string) (int, string, string) {
-	t.Helper()
-	var stdout, stderr strings.Builder
-	code := run(args, strings.NewReader(stdin), &stdout, &stderr)
-	return code, stdout.String(), stderr.String()
-}
-
 func TestExplainErrors(t *testing.T) {
 	unsetDSN(t)
 	path := writeRunConfig(t, pgtest.DSN(t), "")

@@ -18,10 +18,9 @@ import (
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// The sidecar's HTTP server bounds every phase of a connection (issue 19,
-// item 3: it had only a header timeout, and idle keep-alive connections
-// were held for good): an idle connection is closed after the idle
-// timeout.
+// The sidecar's HTTP server bounds every phase of a connection (header,
+// read, write and idle, so that no connection is held for good): an idle
+// keep-alive connection is closed after the idle timeout.
 func TestSidecarHTTPTimeouts(t *testing.T) {
 	if s := sidecarHTTP; s.header <= 0 || s.read <= 0 || s.write <= 0 || s.idle <= 0 {
 		t.Fatalf("sidecar HTTP timeouts %+v: every one must be set", s)

@@ -1,18 +1,30 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/pipeline"
 )
 
 // envExecDam makes the test binary run as dam itself (for tests that need
@@ -46,82 +58,6 @@ func writeRunConfig(t *testing.T, dsn, extra string) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-func TestMigrateFromConfig(t *testing.T) {
-	unsetDSN(t)
-	path := writeRunConfig(t, pgtest.DSN(t), "")
-	if code, out, errOut := runDam(t, "migrate", "--config", path); code != 0 || !strings.Contains(out, "nothing to do") {
-		t.Fatalf("migrate --config: %d %q %q", code, out, errOut)
-	}
-}
-
-// dam run refuses a bad configuration before connecting to anything: exit
-// status 2 and the key named.
-func TestRunConfigErrors(t *testing.T) {
-	unsetDSN(t)
-	for _, tc := range []struct{ extra, want string }{
-		{"    ignore: [updated_at]\n", "routes[0].ignore[0]"},
-		{"    mode: sometimes\n", "routes[0].mode"},
-		{"    entity: \"header:\"\n", "routes[0].entity"},
-		{"    fromm: typo\n", "routes[0].fromm: unknown key"},
-	} {
-		path := writeRunConfig(t, "postgres://nobody@127.0.0.1:1/x", tc.extra)
-		code, _, errOut := runDam(t, "run", "--config", path)
-		if code != 2 || !strings.Contains(errOut, tc.want) {
-			t.Errorf("%q: got %d %q, want exit 2 naming %s", tc.extra, code, errOut, tc.want)
-		}
-	}
-}
-
-// The demo runs the real sidecar and fails unless its per-service counts
-// match its reference model: exit 0 means every decision was right. On a
-// database of the test's own: the demo's schema has a fixed name.
-func TestDemo(t *testing.T) {
-	dsn := newDatabase(t)
-	for _, delivery := range []string{"at-least-once", "exactly-once"} {
-		code, out, errOut := runDam(t, "demo", "--records", "3000", "--entities", "200", "--dsn", dsn, "--delivery", delivery)
-		if code != 0 || strings.Count(out, "matches") != 4 {
-			t.Fatalf("demo --delivery %s: exit %d\n%s\n%s", delivery, code, out, errOut)
-		}
-	}
-}
-
-// dam demo drops and makes again the schema dam_demo at each run, but only
-// its own (marked by a comment): a dam_demo it did not make, on whatever
-// server DAM_POSTGRES_DSN names, is refused unless --yes. On a database of
-// the test's own, so that no other test's dam_demo is in the way.
-func TestDemoSchemaNotItsOwn(t *testing.T) {
-	dsn := newDatabase(t)
-	conn, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(context.Background(), `CREATE SCHEMA dam_demo; CREATE TABLE dam_demo.precious (x int); INSERT INTO dam_demo.precious VALUES (1)`); err != nil {
-		t.Fatal(err)
-	}
-	precious := func() bool {
-		var n int
-		err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_tables WHERE schemaname = 'dam_demo' AND tablename = 'precious'`).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n == 1
-	}
-	t.Setenv(envPostgresDSN, dsn)
-	args := []string{"demo", "--records", "40", "--entities", "10"}
-	code, _, errOut := runDam(t, args...)
-	if code != 2 || !strings.Contains(errOut, "schema dam_demo exists and was not made by dam demo") || !strings.Contains(errOut, "--yes drops it") || !precious() {
-		t.Fatalf("demo on a dam_demo of someone else's: exit %d, %q; the table is still there: %v", code, errOut, precious())
-	}
-	if code, out, errOut := runDam(t, append(args, "--yes")...); code != 0 || precious() {
-		t.Fatalf("demo --yes: exit %d; the table is still there: %v\n%s\n%s", code, precious(), out, errOut)
-	}
-	// Now dam_demo is the demo's own: the next run drops it without --yes.
-	if code, out, errOut := runDam(t, args...); code != 0 {
-		t.Fatalf("demo again: exit %d\n%s\n%s", code, out, errOut)
-	}
 }
 
 // newDatabase creates a database for the test on the test server and
@@ -158,4 +94,137 @@ func newDatabase(t *testing.T) string {
 	})
 	u.Path = "/" + name
 	return u.String()
+}
+
+// runDam runs dam with args in this process, on an empty stdin, and
+// returns its exit status, stdout and stderr.
+func runDam(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(args, strings.NewReader(""), &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// mustContain checks that out holds every want, runs of spaces counting as
+// one (the text output is aligned in columns).
+func mustContain(t *testing.T, what, out string, wants ...string) {
+	t.Helper()
+	squeeze := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	for _, w := range wants {
+		if !strings.Contains(squeeze(out), squeeze(w)) {
+			t.Errorf("%s lacks %q:\n%s", what, w, out)
+		}
+	}
+}
+
+// runDamStdin is runDam with stdin.
+func runDamStdin(t *testing.T, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr strings.Builder
+	code := run(args, strings.NewReader(stdin), &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// deadline is ctx's deadline (zero without one).
+func deadline(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// writeConfig writes text to dam.yaml in a fresh directory and returns
+// its path.
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "dam.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// sidecarConfig is config.Default for one route s (in → out) on kc and
+// the PostgreSQL at dsn (migrated at start), its HTTP endpoint on a free
+// loopback port, retrying fast, validated.
+func sidecarConfig(t *testing.T, kc *testkafka.Cluster, dsn string, mutate func(*config.Config)) config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Kafka.Brokers, cfg.Kafka.Group = []string{kc.Addr()}, "g"
+	// From the first offset: records produced before the group has joined
+	// (under load it may join late) are decided too.
+	cfg.Kafka.Start = config.StartEarliest
+	cfg.Postgres.DSN = dsn
+	cfg.Postgres.Migrate = true
+	cfg.HTTP.Listen = "127.0.0.1:0"
+	cfg.Pipeline.RetryMin, cfg.Pipeline.RetryMax = 50*time.Millisecond, 200*time.Millisecond
+	r := config.DefaultRoute()
+	r.Service, r.From, r.To = "s", "in", "out"
+	cfg.Routes = []config.Route{r}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// startSidecar runs dam run's sidecar (runSidecar) on cfg until the end of
+// the test, which requires it to stop cleanly, and returns the address of
+// its HTTP endpoint once it listens, and its log (Info and above).
+func startSidecar(t *testing.T, cfg config.Config) (addr string, logs *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zapcore.InfoLevel)
+	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core))
+	ctx, cancel := context.WithCancel(context.Background())
+	addrc := make(chan string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		errc <- runSidecar(ctx, cfg, log, prometheus.NewRegistry(), &sidecarHooks{
+			started: func(_ *pipeline.Pipeline, addr string) { addrc <- addr },
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Errorf("sidecar: %v", err)
+		}
+	})
+	select {
+	case addr = <-addrc:
+	case err := <-errc:
+		t.Fatalf("sidecar: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sidecar did not start")
+	}
+	return addr, logs
+}
+
+// readyz is the sidecar's GET /readyz: its status and body.
+func readyz(t *testing.T, addr string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

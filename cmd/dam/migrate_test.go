@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io/fs"
@@ -17,13 +16,6 @@ import (
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/migrations"
 )
-
-func runDam(t *testing.T, args ...string) (int, string, string) {
-	t.Helper()
-	var stdout, stderr bytes.Buffer
-	code := run(args, strings.NewReader(""), &stdout, &stderr)
-	return code, stdout.String(), stderr.String()
-}
 
 func TestMigrateTwiceAndDown(t *testing.T) {
 	t.Parallel()
@@ -141,9 +133,9 @@ func schemaVersion(t *testing.T, dsn string) int32 {
 }
 
 // migrate --down drops every table and all the state: it needs --yes, and
-// it is refused while a dam session is connected to the schema (issue 19,
-// item 7: a running sidecar halted on relation "progress" does not
-// exist). Sessions on other schemas do not count.
+// it is refused while a dam session is connected to the schema (a running
+// sidecar would halt on relation "progress" does not exist). Sessions on
+// other schemas do not count.
 func TestMigrateDownGuards(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t)
@@ -184,5 +176,13 @@ func TestMigrateDownGuards(t *testing.T) {
 	code, out, errOut := runDam(t, "migrate", "--dsn", dsn, "--down", "--yes")
 	if code != 0 || !strings.Contains(out, "-> 0") {
 		t.Fatalf("migrate --down --yes with no dam session (one on another schema): exit %d, %q %q", code, out, errOut)
+	}
+}
+
+func TestMigrateFromConfig(t *testing.T) {
+	unsetDSN(t)
+	path := writeRunConfig(t, pgtest.DSN(t), "")
+	if code, out, errOut := runDam(t, "migrate", "--config", path); code != 0 || !strings.Contains(out, "nothing to do") {
+		t.Fatalf("migrate --config: %d %q %q", code, out, errOut)
 	}
 }

@@ -58,8 +58,8 @@ func runDamWithin(t *testing.T, limit time.Duration, args ...string) (int, strin
 
 // dam run and dam serve refuse a schema of another version than the one
 // the binary knows, naming both versions: newer whatever postgres.migrate
-// says, older when they may not migrate it (issue 19, item 9: a binary
-// that knew version 3 served checks on a database at version 9).
+// says, older when they may not migrate it: a binary never serves checks
+// on a schema of a version it does not know.
 func TestSchemaVersionChecked(t *testing.T) {
 	unsetDSN(t)
 	t.Setenv("DAM_SERVE_TOKEN", "schema-version-token-4f9b2c7e1a")

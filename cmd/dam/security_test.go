@@ -70,9 +70,8 @@ func TestRunRefusedByKafka(t *testing.T) {
 }
 
 // Every DSN key that ends in "password" is redacted wherever dam prints
-// a DSN (issue 19, item 10: dam config and a migrate connection error
-// printed sslpassword): in dam config, in a connection error, in a DSN
-// that does not parse.
+// a DSN, sslpassword among them: in dam config, in a connection error, in
+// a DSN that does not parse.
 func TestDSNPasswordsRedacted(t *testing.T) {
 	unsetDSN(t)
 	const secret = "s3cret-sslpass"

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,24 +18,6 @@ import (
 )
 
 const serveToken = "serve-test-token-0123456789"
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // dam serve as a process of its own: no Kafka, no routes, the token from
 // DAM_SERVE_TOKEN; it answers checks, serves its metrics, never logs the

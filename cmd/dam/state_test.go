@@ -326,8 +326,8 @@ func TestStateUnreachable(t *testing.T) {
 }
 
 // state prune --older-than without --service forgets state of every
-// service: like reset --all, it needs --yes (issue 19, item 8: --older-than
-// 1s wiped every service's state without a question).
+// service: like reset --all, it needs --yes, so that --older-than 1s
+// does not wipe every service's state without a question.
 func TestPruneEveryServiceNeedsYes(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t)
@@ -371,9 +371,9 @@ func TestPruneEveryServiceNeedsYes(t *testing.T) {
 }
 
 // Service names are printed quoted when they are not plain text, as
-// entities are (issue 19, item 11: a service named with terminal escapes,
-// created through a "*" token before names were checked, was printed raw
-// by state stats and state get).
+// entities are: a service named with terminal escapes (in a store written
+// by hand, or by a dam that did not check names) is never printed raw by
+// state stats or state get.
 func TestStateQuotesServices(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t)

@@ -261,11 +261,6 @@ func TestTutorial(t *testing.T) {
 	}
 }
 
-func deadline(ctx context.Context) time.Time {
-	d, _ := ctx.Deadline()
-	return d
-}
-
 // tutorialBlocks reads the three kinds of block, and refuses an output
 // block without its command and a block marked tutorial of no known kind.
 func TestTutorialBlocks(t *testing.T) {

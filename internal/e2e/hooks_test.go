@@ -10,9 +10,9 @@ import (
 )
 
 // The production binary (go build ./cmd/dam, without the damtest tag)
-// carries none of the test hooks (issue 19, item 12: DAM_TEST_CPUPROFILE
-// wrote a file and DAM_TEST_PAUSE_AT made dam SIGSTOP itself): their
-// variables are not in it, and setting them does nothing. The suite's own
+// carries none of the test hooks (such as DAM_TEST_CPUPROFILE, which
+// writes a file, and DAM_TEST_PAUSE_AT, which makes dam SIGSTOP itself):
+// their variables are not in it, and setting them does nothing. The suite's own
 // binary (damBin) has them.
 func TestProductionBinaryHasNoTestHooks(t *testing.T) {
 	t.Parallel()

@@ -40,40 +40,6 @@ const modeRoutes = `
     refresh_after: 2s
 `
 
-func modeCheck(service string, m model) routeCheck {
-	return routeCheck{in: "in." + service, out: "out." + service, dead: "dlq." + service, model: m}
-}
-
-// idempotent is window mode's stream: commands keyed by their message id
-// (header Idempotency-Key, so that retries share a partition), 30% of them
-// retries of a recent id, with a changed value (a retry counter): a retry
-// is a duplicate whatever its content.
-func idempotent() generator {
-	var recent []string
-	return func(rng *rand.Rand, seq int) *kgo.Record {
-		id := fmt.Sprintf("m%d", seq)
-		if len(recent) > 0 && rng.Float64() < 0.3 {
-			id = recent[rng.IntN(len(recent))]
-		} else if recent = append(recent, id); len(recent) > 500 {
-			recent = recent[1:]
-		}
-		return &kgo.Record{Key: []byte(id), Value: fmt.Appendf(nil, `{"id":%q,"seq":%d}`, id, seq),
-			Headers: []kgo.RecordHeader{{Key: "Idempotency-Key", Value: []byte(id)}}}
-	}
-}
-
-// windowModel forwards the first record of each id (the key): the window
-// (1h) outlasts the test.
-func windowModel(in []*kgo.Record) map[string][]*kgo.Record {
-	m := map[string][]*kgo.Record{}
-	for _, rec := range in {
-		if k := string(rec.Key); m[k] == nil {
-			m[k] = []*kgo.Record{rec}
-		}
-	}
-	return m
-}
-
 // versioned is version mode's stream: events keyed by aggregate with a
 // /version member; 60% raise the aggregate's version, 20% repeat it
 // (duplicates), 20% carry an older one (stale).

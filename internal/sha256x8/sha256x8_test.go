@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"testing"
 )
 
@@ -111,5 +113,58 @@ func BenchmarkSum(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestSumLongAmongShort: long messages (up to 20,000 bytes) among short
+// ones, so that lanes are refilled many times, hash as crypto/sha256
+// hashes them in every kernel.
+func TestSumLongAmongShort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, k := range kernels {
+		for round := range 30 {
+			count := 1 + rng.IntN(150)
+			msgs := make([][]byte, count)
+			for i := range msgs {
+				n := rng.IntN(70)
+				if rng.IntN(5) == 0 {
+					n = rng.IntN(20000)
+				}
+				msgs[i] = make([]byte, n)
+				for j := range msgs[i] {
+					msgs[i][j] = byte(rng.Uint32())
+				}
+			}
+			ps := make([][]byte, count)
+			lens := make([]int, count)
+			for i, m := range msgs {
+				ps[i] = Pad(append([]byte(nil), m...), len(m))
+				lens[i] = len(m)
+			}
+			out := make([][32]byte, count)
+			sum(k, ps, out)
+			for i, m := range msgs {
+				if want := sha256.Sum256(m); out[i] != want {
+					t.Fatalf("%s round %d msg %d", k.name, round, i)
+				}
+			}
+		}
+	}
+}
+
+// TestSum32BitBuild: the package (and so canon, and all of dam) builds
+// where int is 32 bits (386, arm): no constant in it overflows an int
+// there (such as a minimum started at 1<<62).
+func TestSum32BitBuild(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal("no go command to build with:", err)
+	}
+	for _, arch := range []string{"386", "arm"} {
+		cmd := exec.Command(gobin, "build", "-o", os.DevNull, ".")
+		cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+arch, "CGO_ENABLED=0", "GOFLAGS=")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("GOARCH=%s go build ./internal/sha256x8: %v\n%s", arch, err, out)
+		}
 	}
 }

@@ -1,8 +1,7 @@
 package dedup_test
 
-// The adversarial review of dam on Citus: each test states the finding it
-// proved (it failed on Citus, DAM_TEST_CITUS=1, before the fix) and now
-// guards it. They run on plain PostgreSQL too.
+// Where Citus differs from one server: each test states what it guards on
+// Citus (DAM_TEST_CITUS=1); they run on plain PostgreSQL too.
 
 import (
 	"context"
@@ -22,24 +21,20 @@ import (
 	"github.com/dam-dedup/dam/migrations"
 )
 
-// Finding: on Citus the window cleanup never deletes anything, so
-// window_ids grows without bound (a resource exhausted).
+// TestCitusWindowCleanupDeletesExpiredIds: on Citus the window cleanup
+// deletes the expired ids, so window_ids does not grow without bound.
 //
 // docs/citus.md says the window cleanup runs on Citus "every shard, in short
 // chunks". The sidecar runs dedup.Store.CleanupWindow every
-// cleanup_interval for each window-mode route (pipeline/modes.go); its
-// statement (sqlExpire) picks the expired ids with SELECT ... FOR UPDATE SKIP
-// LOCKED filtered by service only, which is a multi-shard FOR UPDATE: Citus
-// refuses it ("could not run distributed query with FOR UPDATE/SHARE
-// commands", 0A000). cleanupLoop logs a warning and tries again at the next
-// interval, forever: no expired id is ever deleted, and every forwarded
-// message id stays in window_ids for good. The same refusal breaks
-// `dam state prune` (sqlPruneChunk: FOR UPDATE OF s SKIP LOCKED) and
-// `dam state reset SERVICE` (sqlResetChunk: FOR UPDATE): the existing
-// TestPruneWindowAndCleanup, TestPruneStateChunks, TestResetServiceInBatches
-// and TestStateOpsEveryMode fail on Citus for the same reason, and
-// TestResetServiceHoldsNoLongLocks hangs there (it waits for a first batch
-// that never comes).
+// cleanup_interval for each window-mode route (pipeline/modes.go), and
+// logs a failure as a warning and tries again at the next interval: a
+// statement Citus refuses (a multi-shard SELECT ... FOR UPDATE, 0A000:
+// "could not run distributed query with FOR UPDATE/SHARE commands") would
+// leave every forwarded message id in window_ids for good. `dam state
+// prune` and `dam state reset SERVICE` walk a service the same way:
+// TestPruneWindowAndCleanup, TestPruneStateChunks,
+// TestResetServiceInBatches, TestStateOpsEveryMode and
+// TestResetServiceHoldsNoLongLocks cover them on Citus.
 func TestCitusWindowCleanupDeletesExpiredIds(t *testing.T) {
 	t.Parallel()
 	s := newStore(t)
@@ -139,28 +134,24 @@ func waitForLockWait(ctx context.Context, t *testing.T, pool interface {
 	}
 }
 
-// Finding: tables distributed under a running dam (the case engine.go's
-// forgetEngine is written for) leave the store deciding in the one-server
-// shape for as long as each batch's identities sit in one shard (a
-// caught-up partition decides a record or two at a time), and there a lost
-// race for a new identity halts the partition instead of being decided
-// again.
+// TestCitusTablesDistributedUnderARunningDamRaceNewIdentity: with the
+// tables distributed under a running dam (the case the engine's relearn
+// in engine.go is for), a race lost for a new identity is decided again,
+// or answered ErrUnavailable, which the caller retries: never a permanent
+// error, on which the sidecar halts the partition.
 //
 // Store.Distributed learns the engine once. Citus refuses a multi-shard
-// SELECT ... FOR UPDATE (0A000), which makes forgetEngine learn it again,
-// but it routes a single-shard one, so a batch of one identity keeps the
-// one-server shape: SELECT ... FOR UPDATE, then a plain INSERT ... SELECT
-// FROM unnest for a new identity. When another decider (another
-// partition; the entity is not the partition key) creates that identity
-// meanwhile, one server answers 23505 on table state, which isRace runs
-// again. Citus runs that INSERT as a COPY into the shard, and
-// ReportCopyError relays the worker's unique violation as internal_error
-// (XX000, "duplicate key value violates unique constraint
-// \"state_pkey_102008\"", no table name). isRace does not know it, and
-// Store.classify makes XX000 transient only when the cached engine is
-// distributed, which it is not: Decide returns a permanent error, and
-// decideResolving halts the partition (retry.Permanent) on a plain race
-// that one server decides through.
+// SELECT ... FOR UPDATE (0A000), which makes the store learn it again,
+// but it routes a single-shard one, so a batch of one identity (a
+// caught-up partition decides a record or two at a time) can run in the
+// one-server shape: SELECT ... FOR UPDATE, then an INSERT for a new
+// identity. When another decider (another partition; the entity is not
+// the partition key) creates that identity meanwhile, one server answers
+// 23505 on table state, a race decided again; Citus runs that INSERT as a
+// COPY into the shard and relays the worker's unique violation as
+// internal_error (XX000, "duplicate key value violates unique constraint
+// \"state_pkey_102008\"", no table name), which must not be taken for a
+// permanent error either.
 func TestCitusTablesDistributedUnderARunningDamRaceNewIdentity(t *testing.T) {
 	ctx := context.Background()
 	// dam decides offset 0 on local tables, then the operator runs `dam
@@ -251,10 +242,11 @@ func entitiesOnNode(t *testing.T, pool interface {
 	return out
 }
 
-// Finding: on Citus, a check whose commit reached the worker but whose
-// reply was lost is reported as a refusal (a permanent error), not as an
-// unknown outcome, and dam serve then decides it again and answers
-// "duplicate" for content nobody was told to forward: the record is lost.
+// TestCitusCheckBatchLostWorkerCommitReply: on Citus, a CheckBatch whose
+// commit reached the worker but whose reply was lost returns
+// ErrUnavailable (an unknown outcome), not a permanent error (a refusal:
+// nothing decided), on which dam serve would decide the checks again and
+// answer "duplicate" for content nobody was told to forward.
 //
 // A CheckBatch whose checks sit on one worker commits in one phase: the
 // coordinator sends COMMIT to the worker before committing itself. If that
@@ -262,14 +254,11 @@ func entitiesOnNode(t *testing.T, pool interface {
 // right after committing, the network between them fails), Citus warns
 // "failed to commit transaction" and fails the client's COMMIT with
 // "could not commit transaction for shard N on at least one active node",
-// SQLSTATE XX000, although the worker committed. dedup.Check and
-// Store.CheckBatch classify with the package's classify, which ignores the
-// engine: XX000 is a permanent error there (Store.classify would have said
-// ErrUnavailable on Citus, as Decide does), so the caller is told the store
-// refused the checks, i.e. that nothing was decided. dam serve acts on
-// exactly that (api.go, combine.go: "the store refused the transaction for
-// a reason no retry fixes ... decide the checks one by one"): TestServe...
-// in serve/citusbreak_test.go shows it answering "duplicate".
+// SQLSTATE XX000, although the worker committed. dam serve takes a
+// permanent error for a refusal (api.go, combine.go: "the store refused
+// the transaction for a reason no retry fixes ... decide the checks one by
+// one"): TestCitusServeBatchLostWorkerCommitReplyNotDuplicate in
+// serve/citus_test.go checks what it answers.
 func TestCitusCheckBatchLostWorkerCommitReply(t *testing.T) {
 	cc := pgtest.NeedCitusCluster(t)
 	ctx := context.Background()
@@ -311,17 +300,18 @@ func TestCitusCheckBatchLostWorkerCommitReply(t *testing.T) {
 	}
 }
 
-// A decide that waits (or a zombie paused in the middle of its decide
-// transaction) delays other partitions' multi-shard decides on Citus, even
-// on identities it does not touch: with citus.enable_deadlock_prevention
-// (on by default) each multi-shard write first takes a self-conflicting
-// lock per shard on the coordinator, held to the end of its transaction.
-// dam keeps that default: turned off, decides deadlocked each other across
-// shards (their rows are locked by each shard in parallel, in no global
-// order) and Citus cancelled checks and decides as deadlock victims. The
-// stall is bounded, and never wrong: the waiting decide gives up after
-// lock_timeout with ErrUnavailable (its caller retries after a backoff),
-// and decides once the zombie's transaction ends (at the latest after
+// TestCitusZombieClaimStallIsBounded: a decide that waits (or a zombie
+// paused in the middle of its decide transaction) delays other
+// partitions' multi-shard decides on Citus, even on identities it does not
+// touch: with citus.enable_deadlock_prevention (on by default) each
+// multi-shard write first takes a self-conflicting lock per shard on the
+// coordinator, held to the end of its transaction. dam keeps that default:
+// turned off, decides deadlock each other across shards (their rows are
+// locked by each shard in parallel, in no global order) and Citus cancels
+// checks and decides as deadlock victims. The stall is bounded, and never
+// wrong: the waiting decide gives up after lock_timeout with
+// ErrUnavailable (its caller retries after a backoff), and decides once
+// the zombie's transaction ends (at the latest after
 // idle_in_transaction_session_timeout). docs/citus.md says so.
 func TestCitusZombieClaimStallIsBounded(t *testing.T) {
 	ctx := context.Background()
@@ -370,5 +360,46 @@ func TestCitusZombieClaimStallIsBounded(t *testing.T) {
 	}
 	if out, err := s.Decide(ctx, b, nil); err != nil || len(out) != 8 {
 		t.Fatalf("after the zombie: %v, %v", out, err)
+	}
+}
+
+// TestCitusRewriteWritesOnlyItsIdentity: with the tables distributed under
+// a running dam (the case the engine's relearn in engine.go is for), a
+// forward of one identity writes that identity's row and no other. The
+// store may decide in the one-server shape while a batch's identities sit
+// in one shard (Citus routes that single-shard SELECT ... FOR UPDATE, whose
+// ctid is a tid in that shard); a rewrite by tid alone, with no key
+// condition, would run on every shard, where the same tid is some other
+// identity's row: their next unchanged record would be forwarded (a
+// duplicate) and a record equal to the foreign digest dropped (a loss).
+//
+// On plain PostgreSQL migration 005 does nothing and the test passes.
+func TestCitusRewriteWritesOnlyItsIdentity(t *testing.T) {
+	ctx := context.Background()
+	const n = 64
+	var recs []rec
+	for i := range n {
+		recs = append(recs, rec{fmt.Sprint("e-", i), "A"})
+	}
+	// dam decides offsets [0, n), then `dam migrate` distributes the tables
+	// under it: every shard's rows are copied in, from the first tid of its
+	// first page.
+	_, s, p, epoch := distributedUnderRunningDam(t, "tid", recs)
+
+	// The next batch: one existing identity changes.
+	b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: n, End: n + 1,
+		Records: []dedup.Record{{Offset: n, Entity: []byte("e-0"), Digest: digest("B")}}}
+	out, err := s.Decide(ctx, b, nil)
+	t.Logf("Decide: %v, %v", out, err)
+
+	for i := 1; i < n; i++ {
+		e := fmt.Sprint("e-", i)
+		st, err := s.Get(ctx, "svc", []byte(e))
+		if err != nil {
+			t.Fatalf("%s: %v", e, err)
+		}
+		if st.Digest != digest("A") || st.Offset != int64(i) {
+			t.Errorf("%s: state %v from offset %d, want A's from offset %d: e-0's write reached it", e, st.Digest, st.Offset, i)
+		}
 	}
 }

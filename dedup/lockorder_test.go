@@ -3,7 +3,6 @@ package dedup_test
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -11,43 +10,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pgtest"
 )
 
-// lockTimeout: an operation that waited past lock_timeout behind others,
-// or past statement_timeout over several such waits: ErrUnavailable,
-// which the pipeline retries. The four maintenance loops run back to
-// back: the deciders of identity-first keys waited past lock_timeout 0-3
-// times per mode, those of the service-first keys before them 3-7 times;
-// a CI run under -race, every package at once, saw a window decide's
-// statement time out. A deadlock (40P01) that reaches the caller, or a
-// Decide that gave up after losing too many races, is not excused.
-func lockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	ok := errors.Is(err, dedup.ErrUnavailable) && errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014")
-	if ok {
-		timeouts[pgErr.Code].Add(1)
-	}
-	return ok
-}
-
-// timeouts counts the waits lockTimeout excused, by SQLSTATE, for the log.
-var timeouts = map[string]*atomic.Int64{"55P03": {}, "57014": {}}
-
-// TestBreakLockOrderUnderMaintenance: deciders of several partitions, in
-// each mode, decide batches of overlapping identities given in shuffled
-// order (identify must put them in key order: the rewrites are no longer
-// sorted where they are queued), with the empty entity, NUL bytes and
+// TestLockOrderUnderMaintenance: deciders of several partitions, in each
+// mode, decide batches of overlapping identities given in shuffled order
+// (identify must put them in key order: the rewrites are not sorted where
+// they are queued), with the empty entity, NUL bytes and
 // 1024-byte entities among them, while ResetService, ResetEntities (in
 // reverse key order), PruneState and the window cleanup walk the same
 // rows. No Decide may give up (ErrUnavailable after too many lost races
 // or deadlocks) and no maintenance operation may fail, but for waits past
 // lock_timeout, which are retried (see lockTimeout).
-func TestBreakLockOrderUnderMaintenance(t *testing.T) {
+func TestLockOrderUnderMaintenance(t *testing.T) {
 	for _, m := range []struct {
 		name string
 		rule dedup.Rule

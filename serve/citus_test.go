@@ -1,7 +1,6 @@
 package serve_test
 
-// Adversarial tests of dam serve on Citus, the review's findings: see
-// dedup/citusbreak_test.go.
+// dam serve where Citus differs from one server; see dedup/citus_test.go.
 
 import (
 	"context"
@@ -26,25 +25,25 @@ func proxyWorker(t *testing.T, cc *pglocal.CitusCluster, i int) *tcpproxy.Proxy 
 	return px
 }
 
-// Finding: on Citus, dam serve answers "duplicate" for checks nobody was
-// ever told to forward when the commit of their transaction reached the
-// worker but its reply was lost: the records are lost.
+// TestCitusServeBatchLostWorkerCommitReplyNotDuplicate: on Citus, checks
+// whose transaction's commit reached the worker but whose reply was lost
+// are answered 503 (an unknown outcome), never "duplicate": nobody was
+// ever told to forward them, and a caller would drop the records.
 //
 // The checks of a batch that all sit on one worker commit in one phase:
 // the coordinator sends COMMIT to the worker, then commits itself. The
 // worker commits; its reply is lost (the worker crashes right after, a
 // network fault); Citus then fails the client's COMMIT with "could not
 // commit transaction for shard N on at least one active node", SQLSTATE
-// XX000. Store.CheckBatch classifies XX000 as a permanent refusal (the
-// package's classify, blind to the engine), and serve, told that the store
-// refused the transaction "for a reason no retry fixes", decides the checks
-// again one by one (api.go checkSeparately; combine.go does the same for
-// single checks sharing a transaction). Each now finds its own content,
-// stored by the commit that "failed", and is answered duplicate: the
-// caller drops the records. docs/check-service.md: "A 503 is never a
-// guess: the service ... answers nothing it did not decide"; an unknown
-// commit must be answered 503 unavailable, never decided again.
-func TestCitusServeBatchLostWorkerCommitReplyAnswersDuplicate(t *testing.T) {
+// XX000. Were that taken for a permanent refusal, serve, told that the
+// store refused the transaction "for a reason no retry fixes", would
+// decide the checks again one by one (api.go checkSeparately; combine.go
+// does the same for single checks sharing a transaction), and each would
+// find its own content, stored by the commit that "failed": duplicate.
+// docs/check-service.md: "A 503 is never a guess: the service ... answers
+// nothing it did not decide"; an unknown commit is answered 503
+// unavailable, never decided again.
+func TestCitusServeBatchLostWorkerCommitReplyNotDuplicate(t *testing.T) {
 	cc := pgtest.NeedCitusCluster(t)
 	var px *tcpproxy.Proxy
 	h := newHarness(t, func(c *config.Config) { px = proxyWorker(t, cc, 0) }) // before the store connects

@@ -77,12 +77,12 @@ func keyColumns(t *testing.T, conn *pgx.Conn, table string) string {
 	return cols
 }
 
-// TestBreak007WithRows: a deployment at version 6 holding rows of several
-// services (the empty entity, NUL bytes, 1024-byte entities among them)
-// migrates to 7, back to 6 and to 7 again; each step keeps every row, the
-// keys end as documented, and an upsert by (service, entity) still finds
-// its row. Runs on Citus too (DAM_TEST_CITUS=1).
-func TestBreak007WithRows(t *testing.T) {
+// TestMigration007KeepsRows: a deployment at version 6 holding rows of
+// several services (the empty entity, NUL bytes, 1024-byte entities among
+// them) migrates to 7, back to 6 and to 7 again; each step keeps every
+// row, the keys end as documented, and an upsert by (service, entity)
+// still finds its row. Runs on Citus too (DAM_TEST_CITUS=1).
+func TestMigration007KeepsRows(t *testing.T) {
 	ctx := context.Background()
 	dsn := emptySchema(t)
 	conn := connect(t, dsn)
@@ -152,10 +152,11 @@ func TestBreak007WithRows(t *testing.T) {
 	}
 }
 
-// TestBreak007FromVersion4WithRows: a deployment at version 4 holding rows
-// runs dam migrate: 005 distributes the tables (on Citus) with their rows,
-// then 007 rebuilds the keys of the distributed tables.
-func TestBreak007FromVersion4WithRows(t *testing.T) {
+// TestMigration007FromVersion4KeepsRows: a deployment at version 4
+// holding rows runs dam migrate: 005 distributes the tables (on Citus)
+// with their rows, then 007 rebuilds the keys of the distributed tables,
+// and every row is still there.
+func TestMigration007FromVersion4KeepsRows(t *testing.T) {
 	ctx := context.Background()
 	conn := connect(t, emptySchema(t))
 	m := migratorTo(t, conn)

@@ -13,13 +13,11 @@ import (
 )
 
 // The one-server walks of one service (ResetService, PruneState) on tables
-// keyed identity first (migration 007) must read that service's rows, not
-// every service's. Each chunk is chosen through the (service, identity)
-// index; the statement's second half first joined the chunk back to the
-// table, which at the default chunk sizes (5000, 10000) was planned as a
+// keyed identity first (migration 007) read that service's rows, not
+// every service's: each chunk is chosen through the (service, identity)
+// index and deleted by key (= ANY) or by tid. A join of the chunk back to
+// the table is planned, at the default chunk sizes (5000, 10000), as a
 // hash join over a sequential scan of the whole table, once per chunk.
-// It now deletes by key (= ANY) or by tid. (PruneState's join did the same
-// on the service-first keys before 007.)
 
 const (
 	walkRows  = 400000
@@ -97,19 +95,19 @@ func chunkPlan(t *testing.T, ctx context.Context, s *dedup.Store, name string) s
 	return ""
 }
 
-// TestBreakResetServiceReadsEveryService: resetting a service of 40,000
-// identities, in a state table of 400,000, must read about its own rows,
-// not the whole table once per chunk of 5000.
-func TestBreakResetServiceReadsEveryService(t *testing.T) {
+// TestResetServiceReadsOnlyItsService: resetting a service of 40,000
+// identities, in a state table of 400,000, reads about its own rows, not
+// the whole table once per chunk of 5000.
+func TestResetServiceReadsOnlyItsService(t *testing.T) {
 	testWalkReads(t, "ResetService", "state", "reset state", func(ctx context.Context, s *dedup.Store) (int64, error) {
 		return s.ResetService(ctx, "small")
 	})
 }
 
-// TestBreakPruneServiceReadsEveryService: pruning one service of 40,000
-// identities in a versions table of 400,000 must read about its own rows,
-// not the whole table once per chunk of 10000.
-func TestBreakPruneServiceReadsEveryService(t *testing.T) {
+// TestPruneStateReadsOnlyItsService: pruning one service of 40,000
+// identities in a versions table of 400,000 reads about its own rows, not
+// the whole table once per chunk of 10000.
+func TestPruneStateReadsOnlyItsService(t *testing.T) {
 	testWalkReads(t, "PruneState", "versions", "prune versions first", func(ctx context.Context, s *dedup.Store) (int64, error) {
 		return s.PruneState(ctx, "small", time.Hour)
 	})
