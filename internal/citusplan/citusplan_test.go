@@ -13,8 +13,10 @@ import (
 
 // TestPlans captures the store's statements on a Citus cluster of two
 // workers and checks how Citus runs those a decide depends on: the
-// partition's statements and the per-identity ones are router statements,
-// a batch's identities are written and read by multi-shard statements.
+// partition's statements and the per-identity ones are router statements;
+// a batch's identities get their placeholders from one multi-row INSERT
+// that Citus splits by shard, and are read, locked and written by a router
+// statement per shard group.
 // With -v it prints the table and every plan (docs/performance.md, On
 // Citus).
 func TestPlans(t *testing.T) {
@@ -61,18 +63,23 @@ func TestPlans(t *testing.T) {
 	}
 
 	want := map[[2]string]string{
-		{"decide (last-seen)", "progress lock"}:           "router",
-		{"decide (last-seen)", "claim (lock by writing)"}: "multi-shard",
-		{"decide (last-seen)", "read"}:                    "multi-shard",
-		{"decide (last-seen)", "write (upsert)"}:          "multi-shard",
-		{"decide (last-seen)", "decision log"}:            "router",
-		{"decide (last-seen)", "advance P"}:               "router",
-		{"decide (last-seen)", "clock"}:                   "coordinator",
-		{"check", "compare-and-set"}:                      "router",
-		{"state get", "state get"}:                        "router",
-		{"recovery", "read progress"}:                     "router",
-		{"recovery", "settled progress"}:                  "router",
-		{"recovery", "read log"}:                          "router",
+		{"decide (last-seen)", "progress lock"}:                   "router",
+		{"decide (last-seen)", "placeholders (VALUES)"}:           "multi-shard",
+		{"decide (last-seen)", "read and lock (a shard's group)"}: "router",
+		{"decide (last-seen)", "write (a shard's group)"}:         "router",
+		{"decide (window)", "read and lock (a shard's group)"}:    "router",
+		{"decide (window)", "write (a shard's group)"}:            "router",
+		{"decide (window)", "extend windows"}:                     "router",
+		{"decide (version)", "read and lock (a shard's group)"}:   "router",
+		{"decide (version)", "write (a shard's group)"}:           "router",
+		{"decide (last-seen)", "decision log"}:                    "router",
+		{"decide (last-seen)", "advance P"}:                       "router",
+		{"decide (last-seen)", "clock"}:                           "coordinator",
+		{"check", "compare-and-set"}:                              "router",
+		{"state get", "state get"}:                                "router",
+		{"recovery", "read progress"}:                             "router",
+		{"recovery", "settled progress"}:                          "router",
+		{"recovery", "read log"}:                                  "router",
 	}
 	for _, st := range sts {
 		k := [2]string{st.Op, st.Name}
