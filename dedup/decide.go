@@ -37,6 +37,16 @@ const (
 
 	sqlLockProgress = `SELECT epoch, next_offset FROM progress
 		WHERE grp = $1 AND topic = $2 AND part = $3 FOR UPDATE`
+	// A routed decide on Citus (shards.go) locks progress by writing it:
+	// Citus commits in two phases a transaction that modifies several
+	// workers only if it opens (or assigns a placement's task to) a
+	// connection after its first modification; a SELECT ... FOR UPDATE is
+	// not one, and a routed decide of router statements alone then
+	// committed its workers one after the other, in one phase each. Its
+	// first statement modifying a row, every other worker it writes is
+	// reached after, and the commit is two-phase.
+	sqlLockProgressWrite = `UPDATE progress SET epoch = epoch
+		WHERE grp = $1 AND topic = $2 AND part = $3 RETURNING epoch, next_offset`
 
 	// The decision time, read after the identities' state: a cleanup that
 	// deleted one of their rows as expired, or a decider that wrote one,
@@ -170,7 +180,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	rt1 := &pgx.Batch{}
 	rt1.Queue(sqlBegin)
 	rt1.Queue(sqlPlans)
-	rt1.Queue(sqlLockProgress, p.Group, p.Topic, p.Partition).QueryRow(func(row pgx.Row) error {
+	rt1.Queue(pick(ids.groups != nil, sqlLockProgressWrite, sqlLockProgress), p.Group, p.Topic, p.Partition).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&epoch, &next)
 	})
 	if len(entities) > 0 {

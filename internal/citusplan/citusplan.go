@@ -311,6 +311,7 @@ var names = []struct{ has, name string }{
 	{"ORDER BY id FOR UPDATE", "read and lock (a shard's group)"},
 	{"= ANY($4::bytea[]) AND", "write (a shard's group)"},
 	{"FROM progress WHERE grp = $1 AND topic = $2 AND part = $3 FOR UPDATE", "progress lock"},
+	{"UPDATE progress SET epoch = epoch WHERE", "progress lock (by writing)"},
 	{"SELECT next_offset, delivered FROM progress", "progress lock (skip)"},
 	{"UPDATE progress SET epoch = epoch + 1", "fence (skip)"},
 	{"UPDATE decision_log SET decisions", "mark skipped"},
