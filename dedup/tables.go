@@ -43,7 +43,12 @@ import (
 //     and is overwritten before commit, since a new identity's first
 //     record is always forwarded. A concurrent decider of a new identity
 //     waits on the placeholder instead of losing a race; a deadlock between
-//     shards is broken by Citus and run again (see Decide).
+//     shards is broken by Citus and run again (see Decide). Grouped by
+//     shard (shards.go), the same locks are taken by router statements,
+//     shard after shard: per group, the placeholders by INSERT ... ON
+//     CONFLICT DO NOTHING, then a SELECT ... FOR UPDATE locks and reads
+//     every identity of the group (placeholders included), then an UPDATE
+//     writes those that changed.
 //
 // Both shapes read the same state and run the same rule; their writes set
 // the same columns.
