@@ -34,13 +34,6 @@ const (
 	// measured and rejected: a generic plan made while the table was still
 	// empty read every row of the service for each batch.)
 	sqlPlans = `SELECT set_config('enable_seqscan', 'off', true)`
-	// On Citus the workers plan the statements of a routed decide
-	// (shards.go) with their own settings: a rewrite of a shard group's
-	// few hundred rows was planned as a sequential scan of the shard.
-	// Citus sends the workers a transaction's SET LOCAL commands when
-	// asked to (set_config is not one).
-	sqlPropagateSet = `SET LOCAL citus.propagate_set_commands TO 'local'`
-	sqlPlansSet     = `SET LOCAL enable_seqscan TO off`
 
 	sqlLockProgress = `SELECT epoch, next_offset FROM progress
 		WHERE grp = $1 AND topic = $2 AND part = $3 FOR UPDATE`
@@ -187,10 +180,6 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	rt1 := &pgx.Batch{}
 	rt1.Queue(sqlBegin)
 	rt1.Queue(sqlPlans)
-	if ids.groups != nil && s.engine.Load() == engineDistributed {
-		rt1.Queue(sqlPropagateSet)
-		rt1.Queue(sqlPlansSet)
-	}
 	rt1.Queue(pick(ids.groups != nil, sqlLockProgressWrite, sqlLockProgress), p.Group, p.Topic, p.Partition).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&epoch, &next)
 	})
