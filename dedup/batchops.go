@@ -87,14 +87,16 @@ func (s *Store) ResetEntities(ctx context.Context, service string, entities [][]
 		for i, e := range entities[lo:hi] {
 			chunk[i] = nonNil(e)
 		}
-		var n int64
-		err := s.runChunk(ctx, func(bool) error {
-			return s.pool.QueryRow(ctx, sqlResetEntities, service, chunk).Scan(&n)
-		})
-		if err != nil {
-			return deleted, classify("reset", err)
+		for _, group := range s.resetGroups(ctx, chunk) {
+			var n int64
+			err := s.runChunk(ctx, func(bool) error {
+				return s.pool.QueryRow(ctx, sqlResetEntities, service, group).Scan(&n)
+			})
+			if err != nil {
+				return deleted, classify("reset", err)
+			}
+			deleted += n
 		}
-		deleted += n
 		o.progress(Step{Done: int64(hi), Total: int64(len(entities)), Deleted: deleted})
 	}
 	return deleted, nil
@@ -165,7 +167,9 @@ func (s *Store) ResetService(ctx context.Context, service string, opts ...OpOpti
 				if citus {
 					sql = sqlResetChunkCitus
 				}
-				return s.pool.QueryRow(ctx, fmt.Sprintf(sql, t.table, t.column, op), service, last, o.batch).Scan(&n, &last)
+				return s.inShardOrder(ctx, s.pool, citus, func(db execer) error {
+					return db.QueryRow(ctx, fmt.Sprintf(sql, t.table, t.column, op), service, last, o.batch).Scan(&n, &last)
+				})
 			})
 			if errors.Is(err, pgx.ErrNoRows) { // past the last row
 				break
@@ -251,8 +255,10 @@ func (s *Store) PruneState(ctx context.Context, service string, olderThan time.D
 				if citus {
 					sql = sqlPruneChunkCitus
 				}
-				return s.pool.QueryRow(ctx, fmt.Sprintf(sql, table, cond),
-					lastService, lastEntity, o.batch, olderThan.Seconds()).Scan(&n, &chunk, &lastService, &lastEntity)
+				return s.inShardOrder(ctx, s.pool, citus, func(db execer) error {
+					return db.QueryRow(ctx, fmt.Sprintf(sql, table, cond),
+						lastService, lastEntity, o.batch, olderThan.Seconds()).Scan(&n, &chunk, &lastService, &lastEntity)
+				})
 			})
 			if errors.Is(err, pgx.ErrNoRows) { // past the last row
 				break
@@ -283,6 +289,69 @@ func (s *Store) PruneState(ctx context.Context, service string, olderThan time.D
 // operation documents what its shapes mean for a concurrent Decide. A
 // chunk's ORDER BY ... LIMIT n runs on every shard, and the coordinator
 // merges their heads: up to n keys from each shard per chunk.
+
+// resetGroups splits a chunk of ResetEntities by shard on Citus, in
+// shard order (shards.go): each group's statement is then a router
+// statement, which locks one shard's rows at a time, as a routed decide
+// does, shard after shard. A multi-shard DELETE, its shards' tasks in
+// parallel, waited on a decide's rows on one shard while holding rows that
+// decide waited for on another: a distributed deadlock, whose victim, the
+// youngest transaction, was the reset again and again. On one server, or
+// without a shard map, the chunk is one group.
+func (s *Store) resetGroups(ctx context.Context, chunk [][]byte) [][][]byte {
+	if s.engine.Load() != engineDistributed || s.unrouted {
+		return [][][]byte{chunk}
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return [][][]byte{chunk}
+	}
+	m := s.shardRouting(ctx, conn.Conn())
+	conn.Release()
+	if m == nil {
+		return [][][]byte{chunk}
+	}
+	var out [][][]byte
+	for _, g := range m.groups(chunk) {
+		es := make([][]byte, len(g))
+		for k, i := range g {
+			es[k] = chunk[i]
+		}
+		out = append(out, es)
+	}
+	return out
+}
+
+// inShardOrder runs fn, a multi-shard statement of a batched operation
+// (reset, prune, the window cleanup), over db. On Citus it runs in a
+// transaction of its own whose multi-shard statements run their shards'
+// tasks one after the other, in shard order
+// (citus.multi_shard_modify_mode = sequential), each shard's rows in key
+// order: the order in which a decide routed by shard locks them
+// (shards.go), shard after shard. In parallel, the statement's task on one
+// shard waited for a decide's rows while its task on another held rows
+// that decide waited for: a distributed deadlock, whose victim, the
+// youngest transaction, was the operation's chunk again and again. On
+// one server (or one running Citus's shapes, SetClaims) fn runs as it is.
+func (s *Store) inShardOrder(ctx context.Context, db execer, citus bool, fn func(execer) error) error {
+	if !citus || s.engine.Load() != engineDistributed {
+		return fn(db)
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, sqlShardOrder); err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+const sqlShardOrder = `SET LOCAL citus.multi_shard_modify_mode TO 'sequential'`
 
 // citusShapes reports whether s runs the statements written for Citus:
 // its tables are distributed (Distributed), or a test asked for them on

@@ -37,6 +37,16 @@ const (
 
 	sqlLockProgress = `SELECT epoch, next_offset FROM progress
 		WHERE grp = $1 AND topic = $2 AND part = $3 FOR UPDATE`
+	// A routed decide on Citus (shards.go) locks progress by writing it:
+	// Citus commits in two phases a transaction that modifies several
+	// workers only if it opens (or assigns a placement's task to) a
+	// connection after its first modification; a SELECT ... FOR UPDATE is
+	// not one, and a routed decide of router statements alone then
+	// committed its workers one after the other, in one phase each. Its
+	// first statement modifying a row, every other worker it writes is
+	// reached after, and the commit is two-phase.
+	sqlLockProgressWrite = `UPDATE progress SET epoch = epoch
+		WHERE grp = $1 AND topic = $2 AND part = $3 RETURNING epoch, next_offset`
 
 	// The decision time, read after the identities' state: a cleanup that
 	// deleted one of their rows as expired, or a decider that wrote one,
@@ -88,6 +98,7 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 	// concurrent decider) or a deadlock rolls the transaction back:
 	// nothing changed, so the batch is simply decided again.
 	var err error
+	route := true
 	for attempt := 1; ; attempt++ {
 		var claim, raced bool
 		if claim, err = s.Distributed(ctx); err != nil {
@@ -95,7 +106,10 @@ func (s *Store) Decide(ctx context.Context, b *Batch, out []Decision) ([]Decisio
 		}
 		// A run after a lost race locks what it reads: it cannot lose to a
 		// changed row again.
-		out, raced, err = s.decideOnce(ctx, b, entities, index, slots, claim || s.claims, attempt > 1, out)
+		out, raced, err = s.decideOnce(ctx, b, entities, index, slots, claim || s.claims, attempt > 1, route, out)
+		if errors.Is(err, errStaleShards) {
+			route = false // this batch, once: see shards.go
+		}
 		if !raced {
 			break
 		}
@@ -125,8 +139,9 @@ var maxDecideAttempts = 5
 // again at once.
 //
 // claim selects the statements that lock by writing (Citus; see tables.go),
-// lock those that lock what they read (one server).
-func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, index entityIndex, slots []int32, claim, lock bool, out []Decision) (_ []Decision, raced bool, _ error) {
+// lock those that lock what they read (one server); route lets a claim be
+// routed by shard (shards.go).
+func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, index entityIndex, slots []int32, claim, lock, route bool, out []Decision) (_ []Decision, raced bool, _ error) {
 	out = out[:0]
 	p := b.Partition
 	conn, err := s.pool.Acquire(ctx)
@@ -140,6 +155,15 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	table := newTableTxn(b.Rule)
 	ids := newIdentities(b.Rule, entities, index)
 	ids.claim, ids.lock = claim, lock
+	if claim && route && !s.unrouted && len(entities) > 0 {
+		m := oneShard // one server running Citus's shapes (SetClaims)
+		if s.engine.Load() == engineDistributed {
+			m = s.shardRouting(ctx, conn.Conn())
+		}
+		if m != nil {
+			ids.groups = m.groups(entities)
+		}
+	}
 	wantSources := len(b.Sources) == len(b.Records) && len(b.Records) > 0
 	if wantSources {
 		ids.sources, ids.part = make([]Source, len(entities)), p
@@ -156,7 +180,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	rt1 := &pgx.Batch{}
 	rt1.Queue(sqlBegin)
 	rt1.Queue(sqlPlans)
-	rt1.Queue(sqlLockProgress, p.Group, p.Topic, p.Partition).QueryRow(func(row pgx.Row) error {
+	rt1.Queue(pick(ids.groups != nil, sqlLockProgressWrite, sqlLockProgress), p.Group, p.Topic, p.Partition).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&epoch, &next)
 	})
 	if len(entities) > 0 {
@@ -177,7 +201,21 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 		if !claim && s.relearn(ctx, err) {
 			return out, true, s.classify("decide", err)
 		}
+		// A routed read that locks refused as spanning shards: the shard
+		// map is stale (a shard split since it was read). Run again
+		// unrouted; the next decide reads the map again.
+		if ids.groups != nil && refused(err) {
+			s.forgetShards()
+			return out, true, fmt.Errorf("%w: %w", errStaleShards, s.classify("decide", err))
+		}
 		return out, isRace(err), s.classify("decide", err)
+	}
+	if ids.groups != nil && ids.rows != len(entities) {
+		// A row that existed when the placeholders were inserted was
+		// deleted before the read locked it (a reset, an expiry): nothing
+		// is locked for that identity. Nothing changed: run again.
+		s.rollback(ctx, conn.Conn())
+		return out, true, fmt.Errorf("dedup: decide: %d of %d identities' rows deleted meanwhile", len(entities)-ids.rows, len(entities))
 	}
 	if epoch != b.Epoch || next == nil || *next != b.Start {
 		s.rollback(ctx, conn.Conn())

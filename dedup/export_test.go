@@ -90,3 +90,40 @@ func ServiceWalks(service string) []ServiceWalk {
 	}
 	return w
 }
+
+// HashBytes is PostgreSQL's hash of a bytea, as Citus hashes a
+// distribution column (shards.go).
+func HashBytes(b []byte) int32 { return hashBytes(b) }
+
+// ShardGroups returns how a routed decide of s groups entities by shard
+// (indexes into entities), reading the shard map as a decide does; nil
+// when s does not route.
+func ShardGroups(ctx context.Context, s *Store, entities [][]byte) ([][]int, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	m := s.shardRouting(ctx, conn.Conn())
+	if m == nil {
+		return nil, nil
+	}
+	return m.groups(entities), nil
+}
+
+// ShardMapShards is the number of shards of s's kept shard map (0: none
+// kept, or one that does not route).
+func ShardMapShards(s *Store) int {
+	if m := s.shards.Load(); m != nil {
+		return len(m.mins)
+	}
+	return 0
+}
+
+// ValuesRows is the number of rows of the placeholders' statement for n
+// identities.
+func ValuesRows(n int) int { return valuesRows(n) }
+
+// SetUnrouted makes s decide on Citus without routing by shard, as before
+// shards.go: one claim and one read of every identity.
+func SetUnrouted(s *Store) { s.unrouted = true }

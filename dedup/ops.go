@@ -251,9 +251,12 @@ func (s *Store) PruneWindow(ctx context.Context, service string, batch int) (int
 	return total, nil
 }
 
-// execer is what expire needs of a pool or a connection.
+// execer is what expire and the chunks of the batched operations need of
+// a pool, a connection or a transaction (see inShardOrder).
 type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 func (s *Store) expire(ctx context.Context, db execer, service string, batch int) (int64, error) {
@@ -268,9 +271,11 @@ func (s *Store) expire(ctx context.Context, db execer, service string, batch int
 			if citus {
 				sql = sqlExpireCitus
 			}
-			var err error
-			ct, err = db.Exec(ctx, sql, service, batch)
-			return err
+			return s.inShardOrder(ctx, db, citus, func(db execer) error {
+				var err error
+				ct, err = db.Exec(ctx, sql, service, batch)
+				return err
+			})
 		})
 		if err != nil {
 			return total, classify("prune window", err)

@@ -57,6 +57,12 @@ type Store struct {
 	// (a test's setting): Decide locks by writing, the batched operations
 	// delete without FOR UPDATE (see Distributed, citusShapes).
 	claims bool
+	// unrouted keeps a Citus decide from routing by shard (a test's
+	// setting; see shards.go).
+	unrouted bool
+	// shards is the shard map a routed decide groups identities by, once
+	// read (shards.go).
+	shards atomic.Pointer[shardMap]
 }
 
 // Open builds a pool for dsn (URL or keyword/value form; parameters such as

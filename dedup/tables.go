@@ -43,7 +43,12 @@ import (
 //     and is overwritten before commit, since a new identity's first
 //     record is always forwarded. A concurrent decider of a new identity
 //     waits on the placeholder instead of losing a race; a deadlock between
-//     shards is broken by Citus and run again (see Decide).
+//     shards is broken by Citus and run again (see Decide). Grouped by
+//     shard (shards.go), the same locks are taken by router statements,
+//     shard after shard: per group, the placeholders by INSERT ... ON
+//     CONFLICT DO NOTHING, then a SELECT ... FOR UPDATE locks and reads
+//     every identity of the group (placeholders included), then an UPDATE
+//     writes those that changed.
 //
 // Both shapes read the same state and run the same rule; their writes set
 // the same columns.
@@ -77,7 +82,14 @@ type identities struct {
 	// one has a row, so every changed one is written by an upsert.
 	claim bool
 	// lock: one server, the read locks the rows (a run after a lost race).
-	lock     bool
+	lock bool
+	// groups, with claim: the claim is routed (shards.go): the identities'
+	// indexes by shard, each group read, locked and rewritten by its own
+	// statements. group is each identity's group (groupOf); rows counts
+	// the rows the groups' reads locked.
+	groups   [][]int
+	group    []int32
+	rows     int
 	entities [][]byte
 	index    entityIndex // finds an entity in entities
 	// state is each identity's state: as the read found it, then as each
@@ -191,8 +203,9 @@ func (ids *identities) decide(i int, r *Record, now time.Time) Decision {
 // statement with the arguments args makes for its identities (indexes into
 // entities): update for those the one-server read found (with their tids
 // and xmins as two more arguments), upsert for every one a claim locked,
-// insert for the new ones.
-func (ids *identities) queueChanged(rt2 *pgx.Batch, update, upsert, insert string, args func(is []int) []any) {
+// rewrite for those of each shard group of a routed claim, insert for the
+// new ones.
+func (ids *identities) queueChanged(rt2 *pgx.Batch, update, upsert, rewrite, insert string, args func(is []int) []any) {
 	var found, added []int
 	for i, c := range ids.changed {
 		switch {
@@ -205,6 +218,11 @@ func (ids *identities) queueChanged(rt2 *pgx.Batch, update, upsert, insert strin
 	}
 	switch {
 	case len(found) == 0:
+	case ids.groups != nil:
+		// Routed: every identity has a row, locked by the read.
+		for _, g := range ids.byGroup(found) {
+			rt2.Queue(rewrite, args(g)...)
+		}
 	case ids.claim:
 		rt2.Queue(upsert, args(found)...)
 	default:
@@ -308,6 +326,16 @@ const (
 		ON CONFLICT (service, entity) DO UPDATE SET digest = s.digest WHERE false`
 	sqlReadState        = `SELECT entity, digest FROM state WHERE service = $1 AND entity = ANY($2::bytea[])`
 	sqlReadStateRefresh = `SELECT entity, digest, updated_at FROM state WHERE service = $1 AND entity = ANY($2::bytea[])`
+
+	// Citus, routed (shards.go): the placeholders (a multi-row VALUES),
+	// then per shard group the read that locks, and the rewrite.
+	sqlPlaceholdersState      = `INSERT INTO state (service, entity, updated_at) VALUES`
+	sqlPlaceholderStateRow    = `, 'epoch'`
+	sqlLockStateRouted        = sqlReadState + ` ORDER BY entity FOR UPDATE`
+	sqlLockStateRoutedRefresh = sqlReadStateRefresh + ` ORDER BY entity FOR UPDATE`
+	sqlRewriteState           = `UPDATE state AS s SET digest = u.d, updated_at = $7, src_topic = $2, src_partition = $3, src_offset = u.o
+		FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(e, d, o)
+		WHERE s.service = $1 AND s.entity = ANY($4::bytea[]) AND s.entity = u.e`
 )
 
 // lastSeenTxn is table state. With refresh, the read also takes when each
@@ -316,7 +344,11 @@ type lastSeenTxn struct{ refresh bool }
 
 func (t lastSeenTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 	var sql string
+	var ph placeholders
 	switch {
+	case ids.groups != nil:
+		ph = placeholders{sqlPlaceholdersState, sqlPlaceholderStateRow}
+		sql = pick(t.refresh, sqlLockStateRoutedRefresh, sqlLockStateRouted)
 	case ids.claim:
 		rt1.Queue(sqlClaimState, service, byteaArray(ids.entities))
 		sql = pick(t.refresh, sqlReadStateRefresh, sqlReadState)
@@ -325,7 +357,7 @@ func (t lastSeenTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) 
 	default:
 		sql = pick(t.refresh, sqlReadStateRowsRefresh, sqlReadStateRows)
 	}
-	rt1.Queue(ids.sourceSQL(sql), service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
+	ids.queueReads(rt1, service, sql, ph, func(rs pgx.Rows) error {
 		// The row's bytes, not copies: read only until the next row.
 		var e, d pgtype.DriverBytes
 		var at time.Time
@@ -338,6 +370,7 @@ func (t lastSeenTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) 
 		_, err := pgx.ForEachRow(rs, dest, func() error {
 			// A row whose digest is NULL holds no state, but exists.
 			ids.read(e, Stored{Found: d != nil, Digest: storedDigest(d), Forwarded: at}, v)
+			ids.rows++
 			return nil
 		})
 		return err
@@ -345,7 +378,7 @@ func (t lastSeenTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) 
 }
 
 func (t lastSeenTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
-	ids.queueChanged(rt2, sqlUpdateState, sqlWriteState, sqlInsertState, func(is []int) []any {
+	ids.queueChanged(rt2, sqlUpdateState, sqlWriteState, sqlRewriteState, sqlInsertState, func(is []int) []any {
 		entities, digests, offsets := ids.columns(is)
 		return []any{service, p.Topic, p.Partition, entities, digests, offsets, now}
 	})
@@ -390,6 +423,16 @@ const (
 		SELECT $1, i, 'epoch', 'epoch', '' FROM unnest($2::bytea[]) AS u(i) ORDER BY i
 		ON CONFLICT (service, id) DO UPDATE SET expires_at = w.expires_at WHERE false`
 	sqlReadWindow = `SELECT id, expires_at FROM window_ids WHERE service = $1 AND id = ANY($2::bytea[]) AND digest <> ''`
+
+	// Citus, routed (shards.go): the placeholders, then per shard group
+	// the read that locks (a placeholder too: its digest is empty), and
+	// the rewrite.
+	sqlPlaceholdersWindow   = `INSERT INTO window_ids (service, id, expires_at, forwarded_at, digest) VALUES`
+	sqlPlaceholderWindowRow = `, 'epoch', 'epoch', ''`
+	sqlLockWindowRouted     = `SELECT id, expires_at, digest <> '' FROM window_ids WHERE service = $1 AND id = ANY($2::bytea[]) ORDER BY id FOR UPDATE`
+	sqlRewriteWindow        = `UPDATE window_ids AS w SET expires_at = $8, forwarded_at = $7, digest = u.d, src_topic = $2, src_partition = $3, src_offset = u.o
+		FROM unnest($4::bytea[], $5::bytea[], $6::bigint[]) AS u(i, d, o)
+		WHERE w.service = $1 AND w.id = ANY($4::bytea[]) AND w.id = u.i`
 )
 
 // windowTxn is table window_ids.
@@ -397,16 +440,29 @@ type windowTxn struct{ window time.Duration }
 
 func (t windowTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 	sql := pick(ids.lock, sqlLockWindow, sqlReadWindowRows)
-	if ids.claim {
+	var ph placeholders
+	switch {
+	case ids.groups != nil:
+		ph = placeholders{sqlPlaceholdersWindow, sqlPlaceholderWindowRow}
+		sql = sqlLockWindowRouted
+	case ids.claim:
 		rt1.Queue(sqlClaimWindow, service, byteaArray(ids.entities))
 		sql = sqlReadWindow
 	}
-	rt1.Queue(ids.sourceSQL(sql), service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
+	ids.queueReads(rt1, service, sql, ph, func(rs pgx.Rows) error {
 		var id pgtype.DriverBytes // the row's bytes, until the next row
 		var exp time.Time
 		var v rowVersion
-		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.dest(ids, []any{&id, &exp})), func() error {
-			ids.read(id, Stored{Found: true, Expires: exp}, v)
+		found := true
+		dest := []any{&id, &exp}
+		if ids.groups != nil {
+			dest = append(dest, &found)
+		}
+		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.dest(ids, dest)), func() error {
+			ids.rows++
+			if found { // not a placeholder
+				ids.read(id, Stored{Found: true, Expires: exp}, v)
+			}
 			return nil
 		})
 		return err
@@ -417,7 +473,7 @@ func (t windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids 
 	// Every identity the batch forwarded or extended expires at the same
 	// time: one decision time per batch.
 	exp := now.Add(t.window)
-	ids.queueChanged(rt2, sqlUpdateWindow, sqlWriteWindow, sqlInsertWindow, func(is []int) []any {
+	ids.queueChanged(rt2, sqlUpdateWindow, sqlWriteWindow, sqlRewriteWindow, sqlInsertWindow, func(is []int) []any {
 		entities, digests, offsets := ids.columns(is)
 		return []any{service, p.Topic, p.Partition, entities, digests, offsets, now, exp}
 	})
@@ -432,7 +488,20 @@ func (t windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids 
 			found = append(found, i)
 		}
 	}
-	if len(ext) > 0 {
+	switch {
+	case len(ext) == 0:
+	case ids.groups != nil:
+		// ext is in key order, and a subset of entities: by group.
+		is := make([]int, 0, len(ext))
+		for i, touched := range ids.touched {
+			if touched {
+				is = append(is, i)
+			}
+		}
+		for _, g := range ids.byGroup(is) {
+			rt2.Queue(sqlExtendWindow, service, ids.groupEntities(g), exp)
+		}
+	default:
 		rt2.Queue(sqlExtendWindow, service, ext, exp)
 	}
 	if len(found) > 0 {
@@ -474,6 +543,16 @@ const (
 		SELECT $1, e, 0, '', 'epoch' FROM unnest($2::bytea[]) AS u(e) ORDER BY e
 		ON CONFLICT (service, entity) DO UPDATE SET version = v.version WHERE false`
 	sqlReadVersion = `SELECT entity, version FROM versions WHERE service = $1 AND entity = ANY($2::bytea[]) AND digest <> ''`
+
+	// Citus, routed (shards.go): the placeholders, then per shard group
+	// the read that locks (a placeholder too: its digest is empty), and
+	// the rewrite.
+	sqlPlaceholdersVersion   = `INSERT INTO versions (service, entity, version, digest, updated_at) VALUES`
+	sqlPlaceholderVersionRow = `, 0, '', 'epoch'`
+	sqlLockVersionRouted     = `SELECT entity, version, digest <> '' FROM versions WHERE service = $1 AND entity = ANY($2::bytea[]) ORDER BY entity FOR UPDATE`
+	sqlRewriteVersion        = `UPDATE versions AS v SET version = u.n, digest = u.d, updated_at = $8, src_topic = $2, src_partition = $3, src_offset = u.o
+		FROM unnest($4::bytea[], $5::bigint[], $6::bytea[], $7::bigint[]) AS u(e, n, d, o)
+		WHERE v.service = $1 AND v.entity = ANY($4::bytea[]) AND v.entity = u.e`
 )
 
 // versionTxn is table versions.
@@ -481,16 +560,29 @@ type versionTxn struct{}
 
 func (versionTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 	sql := pick(ids.lock, sqlLockVersion, sqlReadVersionRows)
-	if ids.claim {
+	var ph placeholders
+	switch {
+	case ids.groups != nil:
+		ph = placeholders{sqlPlaceholdersVersion, sqlPlaceholderVersionRow}
+		sql = sqlLockVersionRouted
+	case ids.claim:
 		rt1.Queue(sqlClaimVersion, service, byteaArray(ids.entities))
 		sql = sqlReadVersion
 	}
-	rt1.Queue(ids.sourceSQL(sql), service, byteaArray(ids.entities)).Query(func(rs pgx.Rows) error {
+	ids.queueReads(rt1, service, sql, ph, func(rs pgx.Rows) error {
 		var e pgtype.DriverBytes // the row's bytes, until the next row
 		var n int64
 		var v rowVersion
-		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.dest(ids, []any{&e, &n})), func() error {
-			ids.read(e, Stored{Found: true, Version: n}, v)
+		found := true
+		dest := []any{&e, &n}
+		if ids.groups != nil {
+			dest = append(dest, &found)
+		}
+		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.dest(ids, dest)), func() error {
+			ids.rows++
+			if found { // not a placeholder
+				ids.read(e, Stored{Found: true, Version: n}, v)
+			}
 			return nil
 		})
 		return err
@@ -498,7 +590,7 @@ func (versionTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 }
 
 func (versionTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
-	ids.queueChanged(rt2, sqlUpdateVersion, sqlWriteVersion, sqlInsertVersion, func(is []int) []any {
+	ids.queueChanged(rt2, sqlUpdateVersion, sqlWriteVersion, sqlRewriteVersion, sqlInsertVersion, func(is []int) []any {
 		entities, digests, offsets := ids.columns(is)
 		versions := make(int8Array, len(is))
 		for k, i := range is {

@@ -306,7 +306,12 @@ func classify(plan string) Class {
 // names tells what a statement does, by its text; the first match wins.
 var names = []struct{ has, name string }{
 	{"WHERE false", "claim (lock by writing)"},
+	{"ON CONFLICT DO NOTHING", "placeholders (VALUES)"},
+	{"ORDER BY entity FOR UPDATE", "read and lock (a shard's group)"},
+	{"ORDER BY id FOR UPDATE", "read and lock (a shard's group)"},
+	{"= ANY($4::bytea[]) AND", "write (a shard's group)"},
 	{"FROM progress WHERE grp = $1 AND topic = $2 AND part = $3 FOR UPDATE", "progress lock"},
+	{"UPDATE progress SET epoch = epoch WHERE", "progress lock (by writing)"},
 	{"SELECT next_offset, delivered FROM progress", "progress lock (skip)"},
 	{"UPDATE progress SET epoch = epoch + 1", "fence (skip)"},
 	{"UPDATE decision_log SET decisions", "mark skipped"},
@@ -606,7 +611,7 @@ func Print(w io.Writer, sts []Statement, verbose bool) {
 	for _, st := range sts {
 		if st.Class.Kind == "-" {
 			if strings.HasPrefix(st.Op, "decide") && strings.TrimSpace(st.SQL) == "COMMIT" {
-				fmt.Fprintf(w, "| %s | commit | 2PC | | PREPARE TRANSACTION on each worker connection the transaction wrote over (one per shard its COPYs wrote), then COMMIT PREPARED; one phase when it used one |\n", st.Op)
+				fmt.Fprintf(w, "| %s | commit | 2PC | | PREPARE TRANSACTION on each worker connection the transaction wrote over, then COMMIT PREPARED; one phase when it used one |\n", st.Op)
 			}
 			continue
 		}

@@ -13,8 +13,10 @@ import (
 
 // TestPlans captures the store's statements on a Citus cluster of two
 // workers and checks how Citus runs those a decide depends on: the
-// partition's statements and the per-identity ones are router statements,
-// a batch's identities are written and read by multi-shard statements.
+// partition's statements and the per-identity ones are router statements;
+// a batch's identities are given placeholders, read and locked, and
+// written by router statements, per shard group; a decide writing both
+// workers commits in two phases.
 // With -v it prints the table and every plan (docs/performance.md, On
 // Citus).
 func TestPlans(t *testing.T) {
@@ -59,20 +61,36 @@ func TestPlans(t *testing.T) {
 	if len(remote) == 0 {
 		t.Error("no remote command seen for a decide (citus.log_remote_commands)")
 	}
+	// The decide wrote both workers: its commit is two-phase, a PREPARE
+	// TRANSACTION on each.
+	prepared := 0
+	for _, c := range remote {
+		if strings.HasPrefix(c, "PREPARE TRANSACTION") {
+			prepared++
+		}
+	}
+	if prepared < 2 {
+		t.Errorf("a decide writing both workers sent %d PREPARE TRANSACTION: committed in one phase on some", prepared)
+	}
 
 	want := map[[2]string]string{
-		{"decide (last-seen)", "progress lock"}:           "router",
-		{"decide (last-seen)", "claim (lock by writing)"}: "multi-shard",
-		{"decide (last-seen)", "read"}:                    "multi-shard",
-		{"decide (last-seen)", "write (upsert)"}:          "multi-shard",
-		{"decide (last-seen)", "decision log"}:            "router",
-		{"decide (last-seen)", "advance P"}:               "router",
-		{"decide (last-seen)", "clock"}:                   "coordinator",
-		{"check", "compare-and-set"}:                      "router",
-		{"state get", "state get"}:                        "router",
-		{"recovery", "read progress"}:                     "router",
-		{"recovery", "settled progress"}:                  "router",
-		{"recovery", "read log"}:                          "router",
+		{"decide (last-seen)", "progress lock (by writing)"}:      "router",
+		{"decide (last-seen)", "placeholders (VALUES)"}:           "router",
+		{"decide (last-seen)", "read and lock (a shard's group)"}: "router",
+		{"decide (last-seen)", "write (a shard's group)"}:         "router",
+		{"decide (window)", "read and lock (a shard's group)"}:    "router",
+		{"decide (window)", "write (a shard's group)"}:            "router",
+		{"decide (window)", "extend windows"}:                     "router",
+		{"decide (version)", "read and lock (a shard's group)"}:   "router",
+		{"decide (version)", "write (a shard's group)"}:           "router",
+		{"decide (last-seen)", "decision log"}:                    "router",
+		{"decide (last-seen)", "advance P"}:                       "router",
+		{"decide (last-seen)", "clock"}:                           "coordinator",
+		{"check", "compare-and-set"}:                              "router",
+		{"state get", "state get"}:                                "router",
+		{"recovery", "read progress"}:                             "router",
+		{"recovery", "settled progress"}:                          "router",
+		{"recovery", "read log"}:                                  "router",
 	}
 	for _, st := range sts {
 		k := [2]string{st.Op, st.Name}
