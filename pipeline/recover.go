@@ -32,12 +32,15 @@ import (
 //     meanwhile;
 //     - no P: P := C;
 //     - C = P: continue from P;
-//     - C < P, and the log covers [C, P): re-read [C, P) and deliver exactly
-//     the records the log marks (replay), then continue from P;
+//     - C < P, and the log covers [C, P) (from the delivered offset dam
+//     recorded, if higher: what it delivered is not delivered again):
+//     re-read that range and deliver exactly the records the log marks
+//     (replay), then continue from P;
 //     - C < P without such a log (offsets moved back by hand): continue
 //     from P;
-//     - no C (it expired), with log rows: replay from the log's start;
-//     without: continue from P;
+//     - no C (it expired), with log rows: replay from the log's start (or
+//     the delivered offset dam recorded, if higher); without: continue
+//     from P;
 //     - C > P (offsets moved forward, or the state restored from a
 //     backup): decide [P, C) without forwarding (catch up), then continue.
 //
