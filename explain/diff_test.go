@@ -1,50 +1,52 @@
 package explain
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/dam-dedup/dam/canon"
 )
 
+// firstDifference names the first path at which two values differ, and
+// the two sides there, in the words of testdata/TestFirstDifference.golden.
 func TestFirstDifference(t *testing.T) {
 	h, err := canon.New(canon.WithIgnore("/ts"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	raw, _ := canon.New(canon.WithFormat(canon.FormatBytes))
+	var b strings.Builder
 	for _, tc := range []struct {
 		name     string
 		h        *canon.Hasher
 		old, new string
 		tomb     int // 1: old is a tombstone, 2: new is
-		want     string
 	}{
-		{"equal, reordered, ignored", h, `{"a":1,"b":[1,2],"ts":1}`, `{"ts":2,"b":[1,2],"a":1}`, 0, ""},
-		{"scalar", h, `{"a":1,"b":"x"}`, `{"a":1,"b":"y"}`, 0, `/b: "x" -> "y"`},
-		{"number text", h, `{"n":1}`, `{"n":1.0}`, 0, `/n: 1 -> 1.0`},
-		{"first in name order", h, `{"z":1,"a":1}`, `{"z":2,"a":2}`, 0, `/a: 1 -> 2`},
-		{"member added", h, `{"a":1}`, `{"a":1,"b":null}`, 0, `/b: (absent) -> null`},
-		{"member removed", h, `{"a":1,"b":{"c":true}}`, `{"a":1}`, 0, `/b: {"c":true} -> (absent)`},
-		{"array longer", h, `[1,2]`, `[1,2,3]`, 0, `/2: (absent) -> 3`},
-		{"nested", h, `{"items":[{"id":1,"q":[1]}]}`, `{"items":[{"id":1,"q":[2]}]}`, 0, `/items/0/q/0: 1 -> 2`},
-		{"type change", h, `{"a":[1]}`, `{"a":{"0":1}}`, 0, `/a: [1] -> {"0":1}`},
-		{"escaped names", h, `{"a/b":1,"c~d":1}`, `{"a/b":2,"c~d":1}`, 0, `/a~1b: 1 -> 2`},
-		{"escapes are decoded", h, `{"s":"\u0041"}`, `{"s":"A"}`, 0, ""},
-		{"whole value", h, `1`, `"1"`, 0, `(the whole value): 1 -> "1"`},
-		{"tombstone", h, ``, `{"a":1}`, 1, `(the whole value): (tombstone) -> {"a":1}`},
-		{"bytes", raw, "abcdef", "abcxef", 0, `byte 3: hex:646566 -> hex:786566`},
-		{"bytes shorter", raw, "abc", "ab", 0, `byte 2: hex:63 -> (ends at byte 2)`},
+		{"equal, reordered, ignored", h, `{"a":1,"b":[1,2],"ts":1}`, `{"ts":2,"b":[1,2],"a":1}`, 0},
+		{"scalar", h, `{"a":1,"b":"x"}`, `{"a":1,"b":"y"}`, 0},
+		{"number text", h, `{"n":1}`, `{"n":1.0}`, 0},
+		{"first in name order", h, `{"z":1,"a":1}`, `{"z":2,"a":2}`, 0},
+		{"member added", h, `{"a":1}`, `{"a":1,"b":null}`, 0},
+		{"member removed", h, `{"a":1,"b":{"c":true}}`, `{"a":1}`, 0},
+		{"array longer", h, `[1,2]`, `[1,2,3]`, 0},
+		{"nested", h, `{"items":[{"id":1,"q":[1]}]}`, `{"items":[{"id":1,"q":[2]}]}`, 0},
+		{"type change", h, `{"a":[1]}`, `{"a":{"0":1}}`, 0},
+		{"escaped names", h, `{"a/b":1,"c~d":1}`, `{"a/b":2,"c~d":1}`, 0},
+		{"escapes are decoded", h, `{"s":"\u0041"}`, `{"s":"A"}`, 0},
+		{"whole value", h, `1`, `"1"`, 0},
+		{"tombstone", h, ``, `{"a":1}`, 1},
+		{"bytes", raw, "abcdef", "abcxef", 0},
+		{"bytes shorter", raw, "abc", "ab", 0},
 		// Member names and values come from producers: what a terminal
 		// could act on is escaped, and a long name is shortened.
-		{"name with a terminal escape", h, `{"\u001b[2J":1}`, `{"\u001b[2J":2}`, 0, `/\u001b[2J: 1 -> 2`},
-		{"name with C1 and bidi controls", h, `{"a\u009b1m\u202e":1}`, `{"a\u009b1m\u202e":2}`, 0, `/a\u009b1m\u202e: 1 -> 2`},
-		{"name with a backslash", h, `{"a\\u0041":1}`, `{"a\\u0041":2}`, 0, `/a\\u0041: 1 -> 2`},
-		{"name above the BMP, not printable", h, `{"\udb40\udc01":1}`, `{"\udb40\udc01":2}`, 0, `/\udb40\udc01: 1 -> 2`},
-		{"value with C1 and bidi controls", h, `{"a":"\u009b\u202e"}`, `{"a":"x"}`, 0, `/a: "\u009b\u202e" -> "x"`},
-		{"raw value with a terminal escape", h, ``, "\x1b]0;t\x07\xff", 1, `(the whole value): (tombstone) -> \u001b]0;t\u0007\xff`},
-		{"long name", h, `{"` + strings.Repeat("n", 300) + `":1}`, `{"` + strings.Repeat("n", 300) + `":2}`, 0,
-			"/" + strings.Repeat("n", 120) + "... (300 bytes): 1 -> 2"},
+		{"name with a terminal escape", h, `{"\u001b[2J":1}`, `{"\u001b[2J":2}`, 0},
+		{"name with C1 and bidi controls", h, `{"a\u009b1m\u202e":1}`, `{"a\u009b1m\u202e":2}`, 0},
+		{"name with a backslash", h, `{"a\\u0041":1}`, `{"a\\u0041":2}`, 0},
+		{"name above the BMP, not printable", h, `{"\udb40\udc01":1}`, `{"\udb40\udc01":2}`, 0},
+		{"value with C1 and bidi controls", h, `{"a":"\u009b\u202e"}`, `{"a":"x"}`, 0},
+		{"raw value with a terminal escape", h, ``, "\x1b]0;t\x07\xff", 1},
+		{"long name", h, `{"` + strings.Repeat("n", 300) + `":1}`, `{"` + strings.Repeat("n", 300) + `":2}`, 0},
 	} {
 		var o, n []byte = []byte(tc.old), []byte(tc.new)
 		switch tc.tomb {
@@ -58,14 +60,13 @@ func TestFirstDifference(t *testing.T) {
 			t.Errorf("%s: %v", tc.name, err)
 			continue
 		}
-		got := ""
+		got := "(none)"
 		if ok {
 			got = d.String()
 		}
-		if got != tc.want {
-			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
-		}
+		fmt.Fprintf(&b, "%s: %s\n", tc.name, got)
 	}
+	CheckGolden(t, t.Name(), b.String())
 }
 
 // A difference's path stays bounded however deep and long the names on
@@ -87,9 +88,10 @@ func TestFirstDifferencePathBounded(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("difference: %v, %v", ok, err)
 	}
-	if len(d.String()) > 600 || !strings.HasPrefix(d.Path, "/"+strings.Repeat("m", 120)+"... (1000 bytes)/") {
+	if len(d.String()) > 600 {
 		t.Errorf("path of %d bytes: %.200q", len(d.Path), d.Path)
 	}
+	CheckGolden(t, t.Name(), d.String()+"\n")
 }
 
 // FuzzFirstDifference: a difference is found iff the digests differ, for
@@ -125,17 +127,9 @@ func FuzzFirstDifference(f *testing.F) {
 // one a terminal could act on (a C1 control, a bidi override) or a tab
 // that breaks the columns is shown in hex.
 func TestShowEntity(t *testing.T) {
-	for in, want := range map[string]string{
-		"B-007":        "B-007",
-		"café au lait": "café au lait",
-		"a\x1b[2J":     "hex:611b5b324a",
-		"a\u009b1m":    "hex:61c29b316d",
-		"a\u202eb":     "hex:61e280ae62",
-		"a\tb":         "hex:610962",
-		"a\xff":        "hex:61ff",
-	} {
-		if got := ShowEntity([]byte(in)); got != want {
-			t.Errorf("ShowEntity(%q) = %q, want %q", in, got, want)
-		}
+	var b strings.Builder
+	for _, in := range []string{"B-007", "café au lait", "a\x1b[2J", "a\u009b1m", "a\u202eb", "a\tb", "a\xff"} {
+		fmt.Fprintf(&b, "%q: %s\n", in, ShowEntity([]byte(in)))
 	}
+	CheckGolden(t, t.Name(), b.String())
 }

@@ -14,10 +14,9 @@ func TestOffsetDuplicateFromKeptLog(t *testing.T) {
 	e.produce("x", `{"v":1}`, "x", `{"v":1}`, "x", `{"v":2}`)
 	e.decide(2)
 	e.decide(1) // the later change: the state now holds offset 2
+	g := newTranscript(t)
 	res := e.offset(1)
-	decided(t, "offset 1", res.Decision, res.Reason, "duplicate",
-		"duplicate of the content forwarded from offset 0 at ", "(the entity's last logged forward before it, with the same content)",
-		"; decided at ", "(the decision log holds its batch [0, 2))")
+	g.offset("offset 1", res)
 	if res.DecidedAt == nil || res.DuplicateOf == nil || res.DuplicateOf.From != "decision log" {
 		t.Errorf("offset 1: %+v", res)
 	}
@@ -44,10 +43,9 @@ func TestOffsetSkipped(t *testing.T) {
 	}
 	e.epoch = pr.Epoch
 	e.decide(1)
+	g := newTranscript(t)
 	res := e.offset(1)
-	decided(t, "offset 1", res.Decision, res.Reason, "skipped",
-		"skipped by an operator: alice at ", `("malformed, INC-42")`, "the partition had halted before deciding it", "it was not delivered")
-	has(t, "offset 1 evidence", evidence(res), "decision log: offset 1 is in the batch [1, 2) decided", "skipped by an operator (not delivered)")
+	g.offset("offset 1", res)
 	if res.Skip == nil || res.Skip.By != "alice" || res.Skip.Was != "undecided" || res.DecidedAt == nil || !res.DecidedAt.Equal(res.Skip.At) {
 		t.Errorf("offset 1: %+v", res.Skip)
 	}
@@ -57,7 +55,7 @@ func TestOffsetSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	res = e.offset(2)
-	decided(t, "offset 2", res.Decision, res.Reason, "skipped", "bob", "it had been decided forward and was not delivered")
+	g.offset("offset 2", res)
 	if res.Skip == nil || res.Skip.Was != "forward" || res.Entity != "c" {
 		t.Errorf("offset 2: %+v %+v", res, res.Skip)
 	}

@@ -238,29 +238,6 @@ func (e *env) pruneLog(below int64) {
 	}
 }
 
-// has checks that s holds every want.
-func has(t *testing.T, what, s string, wants ...string) {
-	t.Helper()
-	for _, w := range wants {
-		if !strings.Contains(s, w) {
-			t.Errorf("%s lacks %q:\n%s", what, w, s)
-		}
-	}
-}
-
-// decided checks an explanation's decision and that its reason holds
-// every want.
-func decided(t *testing.T, what, decision, reason, wantDecision string, wants ...string) {
-	t.Helper()
-	if decision != wantDecision {
-		t.Errorf("%s: decision %s, want %s (%s)", what, decision, wantDecision, reason)
-	}
-	has(t, what+": reason", reason, wants...)
-}
-
-// evidence returns an offset explanation's evidence, one line each.
-func evidence(res *explain.OffsetExplanation) string { return strings.Join(res.Evidence, "\n") }
-
 // diffText is an offset explanation's difference as dam explain prints it.
 func diffText(res *explain.OffsetExplanation) string {
 	if res.Difference == nil {

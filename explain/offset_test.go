@@ -2,7 +2,6 @@ package explain_test
 
 import (
 	"errors"
-	"strings"
 	"testing"
 
 	"github.com/dam-dedup/dam/explain"
@@ -25,43 +24,36 @@ func TestOffset(t *testing.T) {
 		t.Fatalf("decisions %s", got)
 	}
 
+	g := newTranscript(t)
 	res := e.offset(1)
-	decided(t, "offset 1 (logged)", res.Decision, res.Reason, "duplicate", "duplicate of the content forwarded from offset 0 at ")
-	has(t, "offset 1 evidence", evidence(res), "decision log: offset 1 is in the batch [0, 6)")
+	g.offset("offset 1 (logged)", res)
 	if res.Entity != "B-007" || res.DuplicateOf == nil || res.DuplicateOf.Offset != 0 || res.DuplicateOf.From != "decision log" {
 		t.Errorf("offset 1: %+v", res)
 	}
 	res = e.offset(3)
-	decided(t, "offset 3 (logged)", res.Decision, res.Reason, "forward", "its content differs from the previous record of this entity (offset 1)")
-	has(t, "offset 3 difference", diffText(res), `/ripe: "mostly yellow" -> "perfectly yellow" (offset 1 -> 3)`)
+	g.offset("offset 3 (logged)", res)
 	if res.Previous == nil || res.Previous.Offset != 1 || len(res.Evidence) < 3 {
 		t.Errorf("offset 3: %+v", res)
 	}
-	res = e.offset(4)
-	decided(t, "offset 4", res.Decision, res.Reason, "invalid", "bad input (invalid JSON at byte 14", "no dead_letter topic: it halted the partition")
-	res = e.offset(5)
-	decided(t, "offset 5", res.Decision, res.Reason, "duplicate", "duplicate of the content forwarded from offset 3 at")
-	has(t, "offset 5 evidence", evidence(res), "state: 01")
-	res = e.offset(6)
-	decided(t, "offset 6", res.Decision, res.Reason, "undecided", "offsets below the partition's progress 6 are decided", "it would be forwarded")
+	g.offset("offset 4", e.offset(4))
+	g.offset("offset 5", e.offset(5))
+	g.offset("offset 6", e.offset(6))
 
 	// Delivered: the log is pruned below the committed offset. The state
 	// still answers for offset 5 (it holds offset 3's content) and says the
 	// log no longer covers it; offset 1 is answered from Kafka.
 	e.pruneLog(6)
-	res = e.offset(5)
-	decided(t, "offset 5 (pruned)", res.Decision, res.Reason, "duplicate", "duplicate of the content forwarded from offset 3 at")
-	has(t, "offset 5 (pruned) evidence", evidence(res), "decision log: no longer covers offset 5")
-	res = e.offset(1)
-	decided(t, "offset 1 (pruned)", res.Decision, res.Reason, "unknown", "the stored digest was since set from offset 3")
-	has(t, "offset 1 (pruned) evidence", evidence(res), "no longer covers offset 1")
+	g.offset("offset 5 (pruned)", e.offset(5))
+	g.offset("offset 1 (pruned)", e.offset(1))
 
 	// Retention removed the first records: offset 1 can no longer be read
 	// and the log no longer covers it.
 	e.deleteRecords(2)
-	if _, err := e.offsetErr(1, -1); !errors.Is(err, explain.ErrGone) || !strings.Contains(err.Error(), "below the log start offset 2") {
+	_, err := e.offsetErr(1, -1)
+	if !errors.Is(err, explain.ErrGone) {
 		t.Fatalf("explain of a deleted record: %v", err)
 	}
+	g.err("offset 1 (deleted)", err)
 }
 
 // A duplicate whose source is neither in the state nor in the log is found
@@ -71,18 +63,15 @@ func TestOffsetDuplicateFromKafka(t *testing.T) {
 	e.produce("k", `{"v":1}`, "other", `{"v":1}`, "k", `{"v":1}`, "k", `{"v":1}`, "k", `{"v":2}`)
 	e.decide(5)
 	e.pruneLog(5)
+	g := newTranscript(t)
 	// The state of k now holds offset 4's content; offset 3 repeated offset
 	// 0's, which only the input still shows.
-	res := e.offset(3)
-	decided(t, "offset 3", res.Decision, res.Reason, "unknown", "the stored digest was since set from offset 4",
-		"the input before it suggests a duplicate of the content forwarded from offset 0 (unless")
+	g.offset("offset 3", e.offset(3))
 	// Offset 4 changed k: the input before it shows from what.
-	res = e.offset(4)
-	decided(t, "offset 4", res.Decision, res.Reason, "forward", "it set the stored digest, still current")
-	has(t, "offset 4 difference", diffText(res), "/v: 1 -> 2 (offset 3 -> 4)")
+	g.offset("offset 4", e.offset(4))
 	// With a window too short to see offset 0, the run start is a bound.
-	res = e.offsetLookback(3, 1)
-	has(t, "offset 3, lookback 1", res.Reason, "forwarded from offset 2 or earlier")
+	res := e.offsetLookback(3, 1)
+	g.offset("offset 3, lookback 1", res)
 	if res.DuplicateOf == nil || !res.DuplicateOf.AtOrBefore {
 		t.Errorf("offset 3, lookback 1: %+v", res.DuplicateOf)
 	}

@@ -24,18 +24,23 @@ import (
 //     previous owner can no longer decide;
 //  2. then read Kafka's committed offsets C (require-stable), so an old
 //     owner's last commit is either seen or fenced;
-//  3. compare C with P and plan:
+//  3. check the input topic against the progress (recreated, truncated:
+//     halt), compare C with P and plan (planRecovery, in plan.go, a pure
+//     function of what was read):
 //     - no P, no C: P := the start offset (kafka.start), set at once, so a
 //     crash before the first decision cannot skip what was produced
 //     meanwhile;
 //     - no P: P := C;
 //     - C = P: continue from P;
-//     - C < P, and the log covers [C, P): re-read [C, P) and deliver exactly
-//     the records the log marks (replay), then continue from P;
+//     - C < P, and the log covers [C, P) (from the delivered offset dam
+//     recorded, if higher: what it delivered is not delivered again):
+//     re-read that range and deliver exactly the records the log marks
+//     (replay), then continue from P;
 //     - C < P without such a log (offsets moved back by hand): continue
 //     from P;
-//     - no C (it expired), with log rows: replay from the log's start;
-//     without: continue from P;
+//     - no C (it expired), with log rows: replay from the log's start (or
+//     the delivered offset dam recorded, if higher); without: continue
+//     from P;
 //     - C > P (offsets moved forward, or the state restored from a
 //     backup): decide [P, C) without forwarding (catch up), then continue.
 //
@@ -110,54 +115,6 @@ func (p *Pipeline) readInput(ctx context.Context, topic string) (inputInfo, erro
 	return in, nil
 }
 
-// checkInput halts a partition whose input lost what dam decided of it:
-// the topic recreated under the same name (its id is not the one the
-// progress was made on), or truncated (P is past its end). DESIGN §2: never
-// skip silently, never read a new topic's records against the old one's
-// progress. A progress without a topic id gets the current one, unless
-// dam cannot tell the topic from a new one (below). hasC: Kafka holds a
-// committed offset of the group for the partition.
-func (p *Pipeline) checkInput(ctx context.Context, dp dedup.Partition, prog dedup.Progress, in inputInfo, hasC bool) error {
-	var zero [16]byte
-	lost := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s/%d: %s; the partition halts: to go on, reset its progress and the group's offset deliberately (see docs/delivery.md, the input recreated)",
-			ErrDataLoss, dp.Topic, dp.Partition, fmt.Sprintf(format, args...))
-	}
-	if in.id != zero && prog.TopicID != zero && in.id != prog.TopicID {
-		return lost("the topic was recreated: its id is %s, dam's progress was made on %s", uuidString(in.id), uuidString(prog.TopicID))
-	}
-	if end, ok := in.ends[dp.Partition]; ok && prog.HasNext && prog.Next > end {
-		return lost("dam decided up to offset %d but the partition ends at %d: records dam had reached are gone (was the topic deleted, recreated or truncated?)", prog.Next, end)
-	}
-	if in.id == zero || prog.TopicID != zero {
-		return nil
-	}
-	if prog.HasNext && !hasC {
-		// P was set by a dam from before topic ids were recorded (or by
-		// hand), and the group has no committed offset. Kafka deletes a
-		// topic's committed offsets with it, so this is what a topic
-		// recreated while dam was stopped looks like; its end alone
-		// does not tell (the new topic may hold as many records as the
-		// old). Bound now, its offsets below P would be skipped. Offsets
-		// that expired look the same: the operator tells which.
-		q := func(s string) string { return strings.ReplaceAll(s, "'", "''") }
-		return fmt.Errorf("%w: %s/%d: dam's progress (offset %d) was recorded without the topic's id, and the group has no committed offset: the topic may have been recreated (Kafka deletes a topic's committed offsets with it), which would skip the new topic's offsets below %d; the partition halts. If the topic was not recreated (the group's offsets expired), record its id and restart: UPDATE progress SET topic_id = '%s' WHERE grp = '%s' AND topic = '%s' AND part = %d; if it was, reset the partition (see docs/delivery.md, the input recreated)",
-			ErrDataLoss, dp.Topic, dp.Partition, prog.Next, prog.Next, uuidString(in.id), q(dp.Group), q(dp.Topic), dp.Partition)
-	}
-	bound, err := p.store.BindTopic(ctx, dp, prog.Epoch, in.id)
-	if err != nil {
-		return err
-	}
-	if bound != in.id {
-		return lost("the topic was recreated: its id is %s, dam's progress was made on %s", uuidString(in.id), uuidString(bound))
-	}
-	return nil
-}
-
-func uuidString(id [16]byte) string {
-	return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16])
-}
-
 // recoverPartitions runs recovery for newly assigned partitions of one
 // route. It waits for PostgreSQL and Kafka as long as it takes (the
 // partitions stay unfetched meanwhile: pause, not guess), until ctx ends
@@ -206,14 +163,10 @@ func (p *Pipeline) recoverPartitions(ctx context.Context, rt *route, parts []int
 		r, err := retry.Do(ctx, p.retry, notify("planning"), func() (recovered, error) {
 			ctx, cancel := context.WithTimeout(ctx, p.deps.set.storeTimeout)
 			defer cancel()
-			if err := p.checkInput(ctx, dp, prog, input, hasC); err != nil {
-				if errors.Is(err, ErrDataLoss) {
-					return recovered{epoch: prog.Epoch, next: prog.Next, committed: -1, halt: err,
-						start: kgo.NewOffset().At(prog.Next), startAt: prog.Next}, nil
-				}
-				return recovered{}, permanentUnlessOutage(err)
-			}
-			return p.planPartition(ctx, rt, dp, prog, c, hasC)
+			in := p.planInput(dp, prog, c, hasC)
+			in.input = &inputFacts{id: input.id}
+			in.input.end, in.input.hasEnd = input.ends[part]
+			return p.recoverPartition(ctx, rt, in)
 		})
 		if err != nil {
 			return nil, err
@@ -238,97 +191,103 @@ func (p *Pipeline) recoverPartitions(ctx context.Context, rt *route, parts []int
 	return out, nil
 }
 
-// planPartition compares C with P for one partition (see above).
+// planPartition plans a partition again while it stays ours (replan):
+// its input is not checked.
 func (p *Pipeline) planPartition(ctx context.Context, rt *route, dp dedup.Partition, prog dedup.Progress, c int64, hasC bool) (recovered, error) {
+	return p.recoverPartition(ctx, rt, p.planInput(dp, prog, c, hasC))
+}
+
+// planInput is what recovery knows of a partition before reading more.
+func (p *Pipeline) planInput(dp dedup.Partition, prog dedup.Progress, c int64, hasC bool) planInput {
+	return planInput{part: dp, progress: prog, committed: c, hasCommitted: hasC, start: p.cfg.Kafka.Start}
+}
+
+// recoverPartition plans one partition (planRecovery), reading the facts
+// the plan needs, and carries the plan out: P set on a first join, the
+// replay's log entries, where fetching starts.
+func (p *Pipeline) recoverPartition(ctx context.Context, rt *route, in planInput) (recovered, error) {
+	dp, prog := in.part, in.progress
 	r := recovered{epoch: prog.Epoch, next: prog.Next, committed: -1}
-	if hasC {
-		r.committed = c
-	}
-	fromLog := func(from int64) (bool, error) {
-		entries, covered, err := p.store.Logged(ctx, dp, from, prog.Next)
-		if err != nil || !covered {
-			return false, err
-		}
-		r.plan.replay = &replay{until: prog.Next, log: entries}
-		r.start, r.startAt = kgo.NewOffset().At(from), from
-		return true, nil
-	}
-	switch {
-	case !prog.HasNext:
-		start, first := c, int64(-1)
-		if !hasC {
-			var err error
-			if start, first, err = p.startOffset(ctx, rt.from, dp.Partition); err != nil {
-				return r, err
+	var logged []dedup.LoggedDecision
+	pl, err := planWith(in, func(n need, from int64, in *planInput) error {
+		switch n {
+		case needBind:
+			bound, err := p.store.BindTopic(ctx, dp, prog.Epoch, in.input.id)
+			if err != nil {
+				return permanentUnlessOutage(err)
 			}
+			in.bound = &bound
+		case needFirst:
+			first, err := p.listedOffset(ctx, dp.Topic, dp.Partition, kadm.NewClient(p.client).ListStartOffsets)
+			if err != nil {
+				return err
+			}
+			in.first = &first
+		case needLastStable:
+			// The input is read read_committed: its end is the last
+			// stable offset.
+			end, err := p.listedOffset(ctx, dp.Topic, dp.Partition, kadm.NewClient(p.client).ListCommittedOffsets)
+			if err != nil {
+				return err
+			}
+			in.lastStable = &end
+		case needLogStart:
+			first, ok, err := p.store.LogStart(ctx, dp)
+			if err != nil {
+				return err
+			}
+			in.logStart = &logStartFact{first: first, ok: ok}
+		case needLog:
+			entries, covered, err := p.store.Logged(ctx, dp, from, prog.Next)
+			if err != nil {
+				return err
+			}
+			logged, in.log = entries, &logCover{from: from, covered: covered}
 		}
-		if err := p.store.InitProgress(ctx, dp, prog.Epoch, start); err != nil {
+		return nil
+	})
+	if err != nil {
+		return r, err
+	}
+	if pl.halt != nil {
+		r.halt, r.start, r.startAt = pl.halt, kgo.NewOffset().At(prog.Next), prog.Next
+		return r, nil
+	}
+	if in.hasCommitted {
+		r.committed = in.committed
+	}
+	if pl.init {
+		if err := p.store.InitProgress(ctx, dp, prog.Epoch, pl.startAt); err != nil {
 			return r, permanentUnlessOutage(err)
 		}
-		if !hasC {
-			p.logFirstStart(rt, dp.Partition, start, first)
+		if pl.firstJoin {
+			p.logFirstStart(rt, dp.Partition, pl.startAt, pl.first)
 		}
-		r.next, r.start, r.startAt = start, kgo.NewOffset().At(start), start
-	case !hasC:
-		// The group's offsets expired (or were never committed): the log
-		// holds what may not be delivered, from the committed offset dam
-		// last knew (the log rows below it, not yet pruned, were
-		// delivered).
-		first, ok, err := p.store.LogStart(ctx, dp)
-		if err != nil {
-			return r, err
-		}
-		first = max(first, prog.Delivered)
-		if ok && first < prog.Next {
-			if replaying, err := fromLog(first); err != nil || replaying {
-				return r, err
-			}
-		}
-		r.start, r.startAt = kgo.NewOffset().At(prog.Next), prog.Next
-	case c == prog.Next:
-		r.start, r.startAt = kgo.NewOffset().At(prog.Next), prog.Next
-	case c < prog.Next:
-		// What dam recorded as delivered was committed in Kafka once: a C
-		// below it was moved back by hand, and [C, delivered) is not
-		// delivered again (DESIGN §2: deliberate re-delivery is a state
-		// reset and a replay upstream).
-		from := max(c, prog.Delivered)
-		if from < prog.Next {
-			if replaying, err := fromLog(from); err != nil || replaying {
-				return r, err
-			}
-		}
-		r.start, r.startAt = kgo.NewOffset().At(prog.Next), prog.Next
-	default: // c > P
-		r.plan.catchUpTo = c
-		r.start, r.startAt = kgo.NewOffset().At(prog.Next), prog.Next
+		r.next = pl.startAt
 	}
+	if pl.replay {
+		r.plan.replay = &replay{until: prog.Next, log: logged}
+	}
+	r.plan.catchUpTo = pl.catchUpTo
+	r.start, r.startAt = kgo.NewOffset().At(pl.startAt), pl.startAt
 	return r, nil
 }
 
-// startOffset is where a partition without any position starts:
-// kafka.start's end (the last stable offset: the input is read
-// read_committed) or beginning; and first, the partition's first offset.
-func (p *Pipeline) startOffset(ctx context.Context, topic string, part int32) (start, first int64, err error) {
-	adm := kadm.NewClient(p.client)
-	lookup := func(listed kadm.ListedOffsets, err error) (int64, error) {
-		if err != nil {
-			return 0, err
-		}
-		o, ok := listed.Lookup(topic, part)
-		if !ok {
-			return 0, fmt.Errorf("listing offsets of %s/%d: partition missing from the reply", topic, part)
-		}
-		if o.Err != nil {
-			return 0, fmt.Errorf("listing offsets of %s/%d: %w", topic, part, o.Err)
-		}
-		return o.Offset, nil
+// listedOffset is the offset of topic/part that list (a kadm listing:
+// start offsets, last stable offsets) returns.
+func (p *Pipeline) listedOffset(ctx context.Context, topic string, part int32, list func(context.Context, ...string) (kadm.ListedOffsets, error)) (int64, error) {
+	listed, err := list(ctx, topic)
+	if err != nil {
+		return 0, err
 	}
-	if first, err = lookup(adm.ListStartOffsets(ctx, topic)); err != nil || p.cfg.Kafka.Start == config.StartEarliest {
-		return first, first, err
+	o, ok := listed.Lookup(topic, part)
+	if !ok {
+		return 0, fmt.Errorf("listing offsets of %s/%d: partition missing from the reply", topic, part)
 	}
-	start, err = lookup(adm.ListCommittedOffsets(ctx, topic))
-	return start, first, err
+	if o.Err != nil {
+		return 0, fmt.Errorf("listing offsets of %s/%d: %w", topic, part, o.Err)
+	}
+	return o.Offset, nil
 }
 
 // logFirstStart logs where a partition starts on the group's first join
