@@ -1,7 +1,7 @@
 package pipeline_test
 
-// Adversarial tests of the sidecar on Citus, the review's findings: see
-// dedup/citusbreak_test.go.
+// Adversarial tests of the sidecar on Citus (the store's own are in
+// dedup/citus_test.go).
 
 import (
 	"bytes"

@@ -572,8 +572,8 @@ func TestBreakHeldReplayRewoundLosesOwedEntity(t *testing.T) {
 // the store knows they were delivered: progress.delivered, recorded for
 // this very purpose (issue 18 item 8), is at P and is consulted only when
 // Kafka has no committed offset.
-// Code: pipeline/recover.go planPartition (case c < prog.Next: fromLog(c)
-// without max(c, prog.Delivered)).
+// Code: pipeline/plan.go planRecovery (C below P: the replay starts at
+// max(C, the delivered offset)).
 func TestBreakOffsetsMovedBackReplaysDelivered(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
