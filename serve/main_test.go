@@ -250,10 +250,17 @@ func (a answer) String() string {
 
 // send posts body to /v1/check with token in the background.
 func send(h *harness, token, body string) <-chan answer {
+	return requestAs(h, token, "POST", "/v1/check", body)
+}
+
+// requestAs sends method path with body and token in the background; the
+// answer (or the client's error) comes on the channel, with how long it
+// took.
+func requestAs(h *harness, token, method, path, body string) <-chan answer {
 	c := make(chan answer, 1)
 	go func() {
 		began := time.Now()
-		req, _ := http.NewRequest("POST", h.url+"/v1/check", strings.NewReader(body))
+		req, _ := http.NewRequest(method, h.url+path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := h.client.Do(req)
 		if err != nil {

@@ -48,21 +48,7 @@ func lockRows(t *testing.T, h *harness, entities ...string) (release func()) {
 // request sends method path with body (none if "") and tokenAll in the
 // background.
 func request(h *harness, method, path, body string) <-chan answer {
-	c := make(chan answer, 1)
-	go func() {
-		began := time.Now()
-		req, _ := http.NewRequest(method, h.url+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+tokenAll)
-		resp, err := h.client.Do(req)
-		if err != nil {
-			c <- answer{err: err, took: time.Since(began)}
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		c <- answer{code: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: string(b), took: time.Since(began)}
-	}()
-	return c
+	return requestAs(h, tokenAll, method, path, body)
 }
 
 // While the store is behind, every request that needs it is answered 503

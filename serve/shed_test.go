@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -85,19 +83,5 @@ func TestShedPastCapacity(t *testing.T) {
 
 // sendBatch posts body to /v1/check:batch with tokenAll in the background.
 func sendBatch(h *harness, body string) <-chan answer {
-	c := make(chan answer, 1)
-	go func() {
-		began := time.Now()
-		req, _ := http.NewRequest("POST", h.url+"/v1/check:batch", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+tokenAll)
-		resp, err := h.client.Do(req)
-		if err != nil {
-			c <- answer{err: err, took: time.Since(began)}
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		c <- answer{code: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: string(b), took: time.Since(began)}
-	}()
-	return c
+	return requestAs(h, tokenAll, "POST", "/v1/check:batch", body)
 }
