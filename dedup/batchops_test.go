@@ -279,7 +279,7 @@ func TestPruneWindowBesideADecide(t *testing.T) {
 		n := besideADecide(t, s,
 			`UPDATE window_ids SET expires_at = now() + interval '1 hour', forwarded_at = now() WHERE service = 'svc' AND id = 'forwarded'`,
 			`SELECT 1 FROM window_ids WHERE service = 'svc' AND id = 'locked' FOR UPDATE`,
-			func(ctx context.Context) (int64, error) { return s.PruneWindow(ctx, "svc", 0) })
+			func(ctx context.Context) (int64, error) { return s.PruneWindow(ctx, "svc") })
 		want, left := int64(1), "forwarded live locked"
 		if citus {
 			want, left = 2, "forwarded live"

@@ -49,7 +49,7 @@ func TestCitusWindowCleanupDeletesExpiredIds(t *testing.T) {
 
 	// What the sidecar's cleanup loop does every cleanup_interval.
 	for round := 1; round <= 3; round++ {
-		n, ran, err := s.CleanupWindow(ctx, "svc", 0)
+		n, ran, err := s.CleanupWindow(ctx, "svc")
 		if err != nil || !ran {
 			var left int64
 			_ = s.Pool().QueryRow(ctx, `SELECT count(*) FROM window_ids WHERE service = 'svc'`).Scan(&left)

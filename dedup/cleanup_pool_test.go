@@ -32,7 +32,7 @@ func TestWindowCleanupsOutnumberingThePool(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _, errs[i] = s.CleanupWindow(ctx, fmt.Sprintf("window-%d", i), 100)
+			_, _, errs[i] = s.CleanupWindow(ctx, fmt.Sprintf("window-%d", i), dedup.WithBatchSize(100))
 		}()
 	}
 	wg.Wait()

@@ -133,7 +133,7 @@ func testLockOrderUnderMaintenance(t *testing.T, rule dedup.Rule) {
 		return err
 	})
 	maint("cleanup", func() error {
-		_, _, err := s.CleanupWindow(ctx, service, 3)
+		_, _, err := s.CleanupWindow(ctx, service, dedup.WithBatchSize(3))
 		return err
 	})
 	wg.Wait()

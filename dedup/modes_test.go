@@ -408,7 +408,7 @@ func TestPruneWindowAndCleanup(t *testing.T) {
 		if n, err := s.Count(ctx, "a"); err != nil || n != 30 {
 			t.Fatalf("Count: %d, %v", n, err)
 		}
-		if n, err := s.PruneWindow(ctx, "a", 10); err != nil || n != 25 {
+		if n, err := s.PruneWindow(ctx, "a", dedup.WithBatchSize(10)); err != nil || n != 25 {
 			t.Fatalf("PruneWindow(a) in batches of 10: %d, %v; want 25", n, err)
 		}
 
@@ -422,13 +422,13 @@ func TestPruneWindowAndCleanup(t *testing.T) {
 		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(`+lock+`)`); err != nil {
 			t.Fatal(err)
 		}
-		if n, ran, err := s.CleanupWindow(ctx, "b", 7); err != nil || ran || n != 0 {
+		if n, ran, err := s.CleanupWindow(ctx, "b", dedup.WithBatchSize(7)); err != nil || ran || n != 0 {
 			t.Fatalf("CleanupWindow while locked elsewhere: %d, %v, %v", n, ran, err)
 		}
 		if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(`+lock+`)`); err != nil {
 			t.Fatal(err)
 		}
-		if n, ran, err := s.CleanupWindow(ctx, "b", 7); err != nil || !ran || n != 25 {
+		if n, ran, err := s.CleanupWindow(ctx, "b", dedup.WithBatchSize(7)); err != nil || !ran || n != 25 {
 			t.Fatalf("CleanupWindow: %d, %v, %v; want 25", n, ran, err)
 		}
 		// The lock was released: it can be taken again (by this session too).
@@ -439,7 +439,7 @@ func TestPruneWindowAndCleanup(t *testing.T) {
 		if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(`+lock+`)`); err != nil {
 			t.Fatal(err)
 		}
-		if n, err := s.PruneWindow(ctx, "", 0); err != nil || n != 0 {
+		if n, err := s.PruneWindow(ctx, ""); err != nil || n != 0 {
 			t.Fatalf("PruneWindow(all) after cleanup: %d, %v", n, err)
 		}
 		stats, err = s.Stats(ctx)
@@ -453,7 +453,7 @@ func TestPruneWindowAndCleanup(t *testing.T) {
 			st.svc = svc
 			st.decide(past, vrec{"old-again", "x", 0})
 		}
-		if n, err := s.PruneWindow(ctx, "", 0); err != nil || n != 2 {
+		if n, err := s.PruneWindow(ctx, ""); err != nil || n != 2 {
 			t.Fatalf("PruneWindow(all): %d, %v; want 2", n, err)
 		}
 	})

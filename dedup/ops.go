@@ -215,11 +215,13 @@ const (
 )
 
 // PruneWindow deletes the expired window-mode ids of service (of every
-// service when service is "") by statements of at most batch rows each (0:
-// DefaultCleanupBatch), each its own short transaction, and returns how
-// many it deleted. Expired ids already read as absent: deleting them only
-// bounds the table. Safe beside deciders and other pruners.
-func (s *Store) PruneWindow(ctx context.Context, service string, batch int) (int64, error) {
+// service when service is "") by statements of at most WithBatchSize rows
+// each (default DefaultCleanupBatch), each its own short transaction, and
+// returns how many it deleted. Expired ids already read as absent:
+// deleting them only bounds the table. Safe beside deciders and other
+// pruners. WithProgress is not called.
+func (s *Store) PruneWindow(ctx context.Context, service string, opts ...OpOption) (int64, error) {
+	batch := newOpOptions(DefaultCleanupBatch, opts).batch
 	if service != "" {
 		return s.expire(ctx, s.pool, service, batch)
 	}
@@ -294,11 +296,12 @@ const cleanupLockKey = `hashtext('dam.window_cleanup'), hashtext(current_schema(
 // CleanupWindow is PruneWindow of one service run by one session at a time:
 // it holds a PostgreSQL advisory lock on the service while it deletes, and
 // returns ran false, having deleted nothing, when another session (another
-// instance's cleanup) holds it. Each statement still deletes at most batch
-// rows in its own transaction: the lock only keeps the instances from
+// instance's cleanup) holds it. Each statement still deletes at most
+// WithBatchSize rows in its own transaction: the lock only keeps the instances from
 // competing for the same rows. (On Citus the lock is the coordinator's:
 // instances connected to other nodes do not see it, and compete safely.)
-func (s *Store) CleanupWindow(ctx context.Context, service string, batch int) (deleted int64, ran bool, err error) {
+func (s *Store) CleanupWindow(ctx context.Context, service string, opts ...OpOption) (deleted int64, ran bool, err error) {
+	batch := newOpOptions(DefaultCleanupBatch, opts).batch
 	if service == "" {
 		return 0, false, fmt.Errorf("%w: empty service", ErrInvalid)
 	}

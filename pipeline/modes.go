@@ -210,7 +210,7 @@ func (p *Pipeline) cleanupLoop(ctx context.Context, rt *route) {
 	t := time.NewTicker(rt.cleanupEvery)
 	defer t.Stop()
 	for {
-		n, ran, err := p.store.CleanupWindow(ctx, rt.service, rt.cleanupBatch)
+		n, ran, err := p.store.CleanupWindow(ctx, rt.service, dedup.WithBatchSize(rt.cleanupBatch))
 		p.metrics.windowExpired.WithLabelValues(rt.service).Add(float64(n))
 		switch {
 		case ctx.Err() != nil:

@@ -347,7 +347,7 @@ its progress on stderr (a bar on a terminal, plain lines otherwise).`,
 				return err
 			}
 			defer s.Close()
-			n, err := s.PruneWindow(cmd.Context(), service, windowBatch)
+			n, err := s.PruneWindow(cmd.Context(), service, dedup.WithBatchSize(windowBatch))
 			if err != nil {
 				return fmt.Errorf("prune stopped after deleting %d expired window ids: %w", n, err)
 			}

@@ -568,11 +568,11 @@ func scenario(ctx context.Context, s *dedup.Store, o Options) error {
 			return err
 		}},
 		{"window cleanup", func(ctx context.Context) error {
-			_, err := s.PruneWindow(ctx, "", 100)
+			_, err := s.PruneWindow(ctx, "", dedup.WithBatchSize(100))
 			return err
 		}},
 		{"window cleanup (locked)", func(ctx context.Context) error {
-			_, _, err := s.CleanupWindow(ctx, "plan-window", 100)
+			_, _, err := s.CleanupWindow(ctx, "plan-window", dedup.WithBatchSize(100))
 			return err
 		}},
 		{"prune log", func(ctx context.Context) error {
