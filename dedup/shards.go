@@ -135,7 +135,10 @@ func (s *Store) shardRouting(ctx context.Context, conn *pgx.Conn) *shardMap {
 	}
 	m, err := readShardMap(ctx, conn)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || conn.IsClosed() {
+			// The caller gone, or the connection lost (pgx closes it on
+			// a network error): nothing learned of the cluster, nothing
+			// kept; the next decide reads the map again.
 			return nil
 		}
 		// Not routable (an error of the catalog's, not of the
