@@ -17,7 +17,8 @@ import (
 // by is PostgreSQL's hash of their bytes (hashtext hashes a text's bytes
 // with it under a deterministic collation), for every length the hash
 // treats differently; on Citus it is also Citus's hash of a bytea
-// distribution value (worker_hash).
+// distribution value (worker_hash), for any bytes up to the longest
+// identity.
 func TestHashBytesIsPostgreSQLHash(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
@@ -46,6 +47,17 @@ func TestHashBytesIsPostgreSQLHash(t *testing.T) {
 	if !distributed(t, s) {
 		return
 	}
+	// Any bytes, NUL and high bytes included, up to the longest identity.
+	for _, n := range []int{0, 1, 11, 12, 13, 255, 1023, dedup.MaxEntityBytes} {
+		for range 5 {
+			b := make([]byte, n)
+			for i := range b {
+				b[i] = byte(rng.IntN(256))
+			}
+			values = append(values, b)
+		}
+	}
+	values = append(values, []byte{0}, []byte{0xff, 0xff, 0xff, 0xff}, []byte("\x00\x80\xfe"))
 	q = `SELECT array_agg(worker_hash(v) ORDER BY n) FROM unnest($1::bytea[]) WITH ORDINALITY AS u(v, n)`
 	if err := s.Pool().QueryRow(ctx, q, values).Scan(&want); err != nil {
 		t.Fatal(err)
