@@ -53,6 +53,18 @@ const sqlCheck = `INSERT INTO state AS s (service, entity, digest, updated_at) V
 // order and do not deadlock each other. Errors are Check's; no decision is
 // returned with an error.
 func CheckBatch(ctx context.Context, db Batcher, items []CheckItem, out []Decision) ([]Decision, error) {
+	return checkBatch(ctx, db, items, out, nil)
+}
+
+// checkBatch is CheckBatch; with shard (the shard of an entity, on Citus:
+// see shards.go), the statements run sorted by shard first, then by
+// identity: the order in which a routed Decide locks its identities,
+// shard after shard, and the maintenance deletes lock theirs
+// (inShardOrder). In identity order alone, a check holding an identity of
+// a later shard waited for one of an earlier shard that a Decide held,
+// while the Decide waited for the check's: a distributed deadlock, whose
+// victim, the youngest transaction, was the check.
+func checkBatch(ctx context.Context, db Batcher, items []CheckItem, out []Decision, shard func([]byte) int) ([]Decision, error) {
 	out = out[:0]
 	for i, it := range items {
 		if err := CheckService(it.Service); err != nil {
@@ -72,7 +84,17 @@ func CheckBatch(ctx context.Context, db Batcher, items []CheckItem, out []Decisi
 	for i := range order {
 		order[i] = i
 	}
+	var shards []int
+	if shard != nil {
+		shards = make([]int, len(items))
+		for i := range items {
+			shards[i] = shard(items[i].Entity)
+		}
+	}
 	slices.SortStableFunc(order, func(a, b int) int {
+		if shards != nil && shards[a] != shards[b] {
+			return shards[a] - shards[b]
+		}
 		if c := strings.Compare(items[a].Service, items[b].Service); c != 0 {
 			return c
 		}
@@ -106,9 +128,10 @@ func CheckBatch(ctx context.Context, db Batcher, items []CheckItem, out []Decisi
 // statement_timeout end shortly before it, so that PostgreSQL itself
 // aborts a check that would outlive its caller (waiting on a row lock, for
 // instance): the error then means that nothing was decided, and an unknown
-// outcome is left to a connection lost during the COMMIT. A deadlock with
-// a concurrent Decide (which locks in another order) rolls the batch back;
-// it then runs again.
+// outcome is left to a connection lost during the COMMIT. On Citus the
+// items are locked in the order of a routed Decide, shard after shard (see
+// checkBatch). A deadlock with a concurrent Decide (which locks in another
+// order) rolls the batch back; it then runs again.
 func (s *Store) CheckBatch(ctx context.Context, items []CheckItem, out []Decision) ([]Decision, error) {
 	var err error
 	for attempt := 1; ; attempt++ {
@@ -149,7 +172,13 @@ func (s *Store) checkBatchTx(ctx context.Context, items []CheckItem, out []Decis
 		// SET LOCAL takes no parameters; ms is an integer.
 		tx.pre = append(tx.pre, fmt.Sprintf("SET LOCAL lock_timeout = %d", ms), fmt.Sprintf("SET LOCAL statement_timeout = %d", ms))
 	}
-	out, err = CheckBatch(ctx, tx, items, out)
+	var shard func([]byte) int
+	if s.engine.Load() == engineDistributed && !s.unrouted {
+		if m := s.shardRouting(ctx, conn.Conn()); m != nil {
+			shard = m.shard
+		}
+	}
+	out, err = checkBatch(ctx, tx, items, out, shard)
 	if err != nil {
 		s.rollback(ctx, conn.Conn())
 		if s.remoteFailure(err) {

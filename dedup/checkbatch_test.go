@@ -133,6 +133,11 @@ func TestCheckBatchTimeNeverGoesBack(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
 	p, epoch := partition(t, s, "in")
+	// a, then b, in the order the check locks them.
+	a, b := "a", "b"
+	if distributed(t, s) {
+		a, b = lockedInOrder(ctx, t, s)
+	}
 	const refresh = 500 * time.Millisecond
 	rule := dedup.Rule{RefreshAfter: refresh}
 	decide := func(start int64, entity, content string) dedup.Decision {
@@ -145,7 +150,7 @@ func TestCheckBatchTimeNeverGoesBack(t *testing.T) {
 		}
 		return out[0]
 	}
-	if d := decide(0, "a", "X"); d != dedup.Forward {
+	if d := decide(0, a, "X"); d != dedup.Forward {
 		t.Fatalf("a X: %v", d)
 	}
 	// Another transaction holds a's row (a decider, a reset).
@@ -154,7 +159,7 @@ func TestCheckBatchTimeNeverGoesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer blocker.Rollback(ctx)
-	if _, err := blocker.Exec(ctx, `SELECT 1 FROM state WHERE service = 'svc' AND entity = 'a' FOR UPDATE`); err != nil {
+	if _, err := blocker.Exec(ctx, `SELECT 1 FROM state WHERE service = 'svc' AND entity = $1::bytea FOR UPDATE`, a); err != nil {
 		t.Fatal(err)
 	}
 	type res struct {
@@ -164,8 +169,8 @@ func TestCheckBatchTimeNeverGoesBack(t *testing.T) {
 	done := make(chan res, 1)
 	go func() {
 		out, err := s.CheckBatch(ctx, []dedup.CheckItem{
-			{Service: "svc", Entity: []byte("a"), Digest: digest("Z")},
-			{Service: "svc", Entity: []byte("b"), Digest: digest("X")},
+			{Service: "svc", Entity: []byte(a), Digest: digest("Z")},
+			{Service: "svc", Entity: []byte(b), Digest: digest("X")},
 		}, nil)
 		done <- res{out, err}
 	}()
@@ -174,11 +179,11 @@ func TestCheckBatchTimeNeverGoesBack(t *testing.T) {
 	}
 	time.Sleep(700 * time.Millisecond) // below lock_timeout (2s)
 	// Meanwhile b is forwarded by a decider: stored (Y, t_D).
-	if d := decide(1, "b", "Y"); d != dedup.Forward {
+	if d := decide(1, b, "Y"); d != dedup.Forward {
 		t.Fatalf("b Y: %v", d)
 	}
 	var tD time.Time
-	if err := s.Pool().QueryRow(ctx, `SELECT updated_at FROM state WHERE service = 'svc' AND entity = 'b'`).Scan(&tD); err != nil {
+	if err := s.Pool().QueryRow(ctx, `SELECT updated_at FROM state WHERE service = 'svc' AND entity = $1::bytea`, b).Scan(&tD); err != nil {
 		t.Fatal(err)
 	}
 	if err := blocker.Commit(ctx); err != nil {
@@ -193,14 +198,14 @@ func TestCheckBatchTimeNeverGoesBack(t *testing.T) {
 	}
 	forwardedByCheck := time.Now() // b was last forwarded (X) no later than this
 	var tC time.Time
-	if err := s.Pool().QueryRow(ctx, `SELECT updated_at FROM state WHERE service = 'svc' AND entity = 'b'`).Scan(&tC); err != nil {
+	if err := s.Pool().QueryRow(ctx, `SELECT updated_at FROM state WHERE service = 'svc' AND entity = $1::bytea`, b).Scan(&tC); err != nil {
 		t.Fatal(err)
 	}
 	if tC.Before(tD) {
 		t.Errorf("b's stored time went back: %v written after %v (by %v)", tC, tD, tD.Sub(tC))
 	}
 	// b X again, right after the check forwarded X: not due for a refresh.
-	d := decide(2, "b", "X")
+	d := decide(2, b, "X")
 	if since := time.Since(forwardedByCheck); d != dedup.Duplicate && since < refresh {
 		t.Errorf("b X, %v after the check forwarded X (refresh_after %v): %v, want Duplicate: a duplicate forwarded", since, refresh, d)
 	}

@@ -136,8 +136,8 @@ func (s *Store) shardRouting(ctx context.Context, conn *pgx.Conn) *shardMap {
 	m, err := readShardMap(ctx, conn)
 	if err != nil {
 		if ctx.Err() != nil || conn.IsClosed() {
-			// The connection lost (pgx closes it on a network error) or
-			// the caller gone: nothing learned of the cluster, nothing
+			// The caller gone, or the connection lost (pgx closes it on
+			// a network error): nothing learned of the cluster, nothing
 			// kept; the next decide reads the map again.
 			return nil
 		}

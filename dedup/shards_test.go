@@ -10,13 +10,15 @@ import (
 
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/tcpproxy"
 )
 
 // TestHashBytesIsPostgreSQLHash: the hash a routed decide groups identities
 // by is PostgreSQL's hash of their bytes (hashtext hashes a text's bytes
 // with it under a deterministic collation), for every length the hash
 // treats differently; on Citus it is also Citus's hash of a bytea
-// distribution value (worker_hash).
+// distribution value (worker_hash), for any bytes up to the longest
+// identity.
 func TestHashBytesIsPostgreSQLHash(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
@@ -45,6 +47,17 @@ func TestHashBytesIsPostgreSQLHash(t *testing.T) {
 	if !distributed(t, s) {
 		return
 	}
+	// Any bytes, NUL and high bytes included, up to the longest identity.
+	for _, n := range []int{0, 1, 11, 12, 13, 255, 1023, dedup.MaxEntityBytes} {
+		for range 5 {
+			b := make([]byte, n)
+			for i := range b {
+				b[i] = byte(rng.IntN(256))
+			}
+			values = append(values, b)
+		}
+	}
+	values = append(values, []byte{0}, []byte{0xff, 0xff, 0xff, 0xff}, []byte("\x00\x80\xfe"))
 	q = `SELECT array_agg(worker_hash(v) ORDER BY n) FROM unnest($1::bytea[]) WITH ORDINALITY AS u(v, n)`
 	if err := s.Pool().QueryRow(ctx, q, values).Scan(&want); err != nil {
 		t.Fatal(err)
@@ -293,4 +306,46 @@ func decideFrom(t *testing.T, s *dedup.Store, service string, p dedup.Partition,
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TestShardMapNotKeptFromLostConnection: on Citus, a shard map read that
+// fails because the connection is lost (a network cut, the coordinator
+// restarted) is not taken for an unroutable cluster: nothing is kept, and
+// the next decide reads the map again and routes by it, instead of
+// deciding unrouted until the map's time to live has passed.
+func TestShardMapNotKeptFromLostConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	target, rewrite := tcpproxy.PostgresDSN(t, pgtest.DSN(t))
+	proxy := tcpproxy.New(t, target)
+	s, err := dedup.Open(ctx, rewrite(proxy.Addr()), dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !distributed(t, s) {
+		t.Skip("the shards of Citus (DAM_TEST_CITUS=1)")
+	}
+	p, epoch := partition(t, s, "lostmap")
+	// The pool's connection, used just now (not pinged when acquired),
+	// is lost before the first decide reads the map over it.
+	if _, err := s.Pool().Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Reset()
+	recs := []rec{{"entity-0", "a"}, {"entity-1", "a"}, {"entity-2", "a"}}
+	b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 0, End: 3}
+	for i, r := range recs {
+		b.Records = append(b.Records, dedup.Record{Offset: int64(i), Entity: []byte(r.entity), Digest: digest(r.content)})
+	}
+	if _, err := s.Decide(ctx, b, nil); !errors.Is(err, dedup.ErrUnavailable) {
+		t.Fatalf("decide over a lost connection: %v, want ErrUnavailable", err)
+	}
+	got := decideAll(t, s, "svc", p, epoch, recs, len(recs))
+	if fmt.Sprint(got) != "[forward forward forward]" {
+		t.Fatalf("after the lost connection: %v", got)
+	}
+	if n := dedup.ShardMapShards(s); n < 2 {
+		t.Fatalf("%d shards in the map kept after a decide: the lost connection's failed read was kept, the decides run unrouted", n)
+	}
 }
