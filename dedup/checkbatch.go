@@ -61,9 +61,9 @@ func CheckBatch(ctx context.Context, db Batcher, items []CheckItem, out []Decisi
 // identity: the order in which a routed Decide locks its identities,
 // shard after shard, and the maintenance deletes lock theirs
 // (inShardOrder). In identity order alone, a check holding an identity of
-// a later shard waited for one of an earlier shard that a Decide held,
-// while the Decide waited for the check's: a distributed deadlock, whose
-// victim, the youngest transaction, was the check.
+// a later shard would wait for one of an earlier shard that a Decide
+// holds, while the Decide waits for the check's: a distributed deadlock,
+// whose victim, the youngest transaction, is the check.
 func checkBatch(ctx context.Context, db Batcher, items []CheckItem, out []Decision, shard func([]byte) int) ([]Decision, error) {
 	out = out[:0]
 	for i, it := range items {
