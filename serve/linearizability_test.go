@@ -81,28 +81,40 @@ func TestLinearizable(t *testing.T) {
 	)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
 	defer client.CloseIdleConnections()
-	post := func(path string, body any) ([]byte, error) {
+	start := time.Now()
+	now := func() int64 { return int64(time.Since(start)) }
+	// post returns the answer and when its successful attempt was sent. A
+	// 503 "overloaded" promises that nothing was decided, so the client
+	// retries it as a real one would, and the operation begins at the
+	// attempt that was answered. Were the promise broken, the shed
+	// attempt's write would show in later answers and fail the check.
+	post := func(path string, body any) ([]byte, int64, error) {
 		b, _ := json.Marshal(body)
-		req, _ := http.NewRequest("POST", h.url+path, bytes.NewReader(b))
-		req.Header.Set("Authorization", "Bearer "+tokenAll)
-		resp, err := client.Do(req)
-		if err != nil {
-			return nil, err
+		for attempt := 0; ; attempt++ {
+			req, _ := http.NewRequest("POST", h.url+path, bytes.NewReader(b))
+			req.Header.Set("Authorization", "Bearer "+tokenAll)
+			call := now()
+			resp, err := client.Do(req)
+			if err != nil {
+				return nil, 0, err
+			}
+			out, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable && bytes.Contains(out, []byte(`"overloaded"`)) && attempt < 100 {
+				time.Sleep(time.Duration(5+attempt) * time.Millisecond)
+				continue
+			}
+			if resp.StatusCode != 200 {
+				return nil, 0, fmt.Errorf("%d %s", resp.StatusCode, out)
+			}
+			return out, call, err
 		}
-		defer resp.Body.Close()
-		out, err := io.ReadAll(resp.Body)
-		if resp.StatusCode != 200 {
-			return nil, fmt.Errorf("%d %s", resp.StatusCode, out)
-		}
-		return out, err
 	}
 	type check struct {
 		Service string `json:"service"`
 		Entity  string `json:"entity"`
 		Payload any    `json:"payload"`
 	}
-	start := time.Now()
-	now := func() int64 { return int64(time.Since(start)) }
 	var mu sync.Mutex
 	var history []porcupine.Operation
 	record := func(client int, call, ret int64, entities []string, cs []int, decisions []string) {
@@ -147,10 +159,11 @@ func TestLinearizable(t *testing.T) {
 					}
 					checks = append(checks, check{"svc", e, payload})
 				}
-				call := now()
+				var call int64
 				var decisions []string
 				if c%2 == 0 {
-					out, err := post("/v1/check", checks[0])
+					out, at, err := post("/v1/check", checks[0])
+					call = at
 					if err != nil {
 						t.Errorf("check: %v", err)
 						continue
@@ -162,7 +175,8 @@ func TestLinearizable(t *testing.T) {
 					}
 					decisions = []string{r.Decision}
 				} else {
-					out, err := post("/v1/check:batch", map[string]any{"checks": checks})
+					out, at, err := post("/v1/check:batch", map[string]any{"checks": checks})
+					call = at
 					if err != nil {
 						t.Errorf("batch: %v", err)
 						continue
