@@ -2,10 +2,10 @@
 SHELL := /bin/bash
 GO ?= go
 NPM ?= npm
-INTEROP := internal/interop
+INTEROP := tests/interop
 # Redocly CLI lints the check service's OpenAPI document (make lint), as
-# internal/apilint's package-lock.json pins it; no telemetry, no update check.
-APILINT := internal/apilint
+# tests/apilint's package-lock.json pins it; no telemetry, no update check.
+APILINT := tests/apilint
 REDOCLY := REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true $(APILINT)/node_modules/.bin/redocly
 STATICCHECK_VERSION ?= v0.8.2
 # helm, built from the Go module proxy into bin/ (cached there). The
@@ -41,9 +41,9 @@ DEMO_RECORDS ?= 20000
 # Citus is built when missing: from CITUS_SRC (a checkout of
 # citusdata/citus v13.2.2) or ../shared/citus (scripts/install-citus.sh).
 CITUS_TEST_PKGS ?= ./dedup/... ./migrations/... ./explain/... ./serve/... ./pipeline/... \
-  ./internal/pglocal/... ./internal/pgtest/... ./cmd/dam/... ./examples/serveclient/... \
-  ./internal/e2e/... ./internal/interop/... ./internal/observe/... ./internal/servebench/... \
-  ./internal/citusplan/...
+  ./internal/testutil/pgcitus/... ./internal/testutil/pgtest/... ./cmd/dam/... ./examples/serveclient/... \
+  ./tests/e2e/... ./tests/interop/... ./tests/observe/... ./internal/cmd/servebench/... \
+  ./tests/citusplan/...
 CITUS_TEST_TIMEOUT ?= 40m
 
 .DEFAULT_GOAL := help
@@ -62,7 +62,7 @@ deps: $(INTEROP)/node_modules/.package-lock.json ## Download Go modules and inst
 	@command -v kcat >/dev/null 2>&1 || ./scripts/install-kcat.sh
 	@command -v tmux >/dev/null 2>&1 || ./scripts/install-tmux.sh
 
-# kafkajs for the interop test (internal/interop), exactly as its
+# kafkajs for the interop test (tests/interop), exactly as its
 # package-lock.json pins it; reinstalled when the pin changes.
 $(INTEROP)/node_modules/.package-lock.json: $(INTEROP)/package.json $(INTEROP)/package-lock.json
 	cd $(INTEROP) && $(NPM) ci --no-audit --no-fund
@@ -130,7 +130,7 @@ GIT_ORIGIN_ENV = $$(git ls-remote --get-url >/dev/null 2>&1 || echo GIT_CONFIG_C
 .PHONY: release-snapshot
 release-snapshot: $(GORELEASER) $(SYFT) ## Build the release (archives, checksums, SBOMs) into dist/ without publishing, and check it
 	env $(GIT_ORIGIN_ENV) PATH="$(CURDIR)/$(dir $(SYFT)):$$PATH" $(GORELEASER) release --snapshot --clean --skip=docker
-	$(GO) run ./internal/releasecheck -dist dist
+	$(GO) run ./internal/cmd/releasecheck -dist dist
 
 .PHONY: release-notes
 release-notes: ## Print CHANGELOG.md's section of VERSION (default: the latest tag), the notes of its release
@@ -151,12 +151,12 @@ rules: promtool ## Check the alert rules and run their promtool tests
 
 .PHONY: bench
 bench: ## Run the benchmarks and print ratios against same-run baselines (BASE=<rev>: the dam to compare with; PROFILE=1: CPU profiles in bench-profiles/)
-	$(GO) run ./internal/benchreport
+	$(GO) run ./internal/cmd/benchreport
 
 .PHONY: chaos
 chaos: ## Run every chaos scenario at full size through the real binary (about 18 minutes) and print the table (also in chaos.txt)
 	@rm -f chaos.txt; status=0; \
-	DAM_TEST_CHAOS=full DAM_TEST_CHAOS_TABLE=$(CURDIR)/chaos.txt $(GO) test -tags $(TEST_TAGS) -count=1 -timeout 80m -run '^TestChaos$$' ./internal/e2e || status=$$?; \
+	DAM_TEST_CHAOS=full DAM_TEST_CHAOS_TABLE=$(CURDIR)/chaos.txt $(GO) test -tags $(TEST_TAGS) -count=1 -timeout 80m -run '^TestChaos$$' ./tests/e2e || status=$$?; \
 	if [ -f chaos.txt ]; then cat chaos.txt; else echo "chaos: no table written"; fi; exit $$status
 
 .PHONY: lint

@@ -12,7 +12,7 @@ import (
 
 	"github.com/dam-dedup/dam/analyze"
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/dam-dedup/dam/analyze"
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -19,8 +19,8 @@ import (
 	"github.com/dam-dedup/dam/analyze"
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
 

@@ -11,7 +11,7 @@ import (
 )
 
 // shuffled returns n records like those of dam's end-to-end workload
-// (internal/e2ebench/workload.go): ~500 B nested objects whose members are
+// (internal/cmd/e2ebench/workload.go): ~500 B nested objects whose members are
 // shuffled into another order in every record, so the shape of no object
 // repeats its member order from the previous record.
 func shuffled(n int) [][]byte {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 // fillState inserts n identities of service, the empty entity among them,

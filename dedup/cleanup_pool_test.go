@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 // Window cleanups that each hold a pool connection (their advisory lock)

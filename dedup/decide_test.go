@@ -13,7 +13,7 @@ import (
 
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 func TestDecideSemantics(t *testing.T) {

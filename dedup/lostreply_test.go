@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 // commitCutter is a TCP proxy to PostgreSQL that, once armed, forwards the

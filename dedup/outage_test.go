@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 // oneBatch is a valid batch; against a dead store it must not be decided.

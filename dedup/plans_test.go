@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 // TestDecidePlans: no statement of a Decide scans a whole table, in each
@@ -45,7 +45,7 @@ func testDecidePlans(t *testing.T, rule dedup.Rule) {
 	}
 	defer s.Close()
 	if distributed(t, s) {
-		t.Skip("the one-server statements' plans; on Citus the decide claims, and internal/citusplan checks its plans")
+		t.Skip("the one-server statements' plans; on Citus the decide claims, and tests/citusplan checks its plans")
 	}
 	p, epoch := partition(t, s, "in")
 	st := newBenchStream()
@@ -133,7 +133,7 @@ func TestServiceWalkPlans(t *testing.T) {
 	}
 	defer s.Close()
 	if distributed(t, s) {
-		t.Skip("the one-server plans; internal/citusplan checks the statements' plans on Citus")
+		t.Skip("the one-server plans; tests/citusplan checks the statements' plans on Citus")
 	}
 	for _, q := range []string{
 		`INSERT INTO state (service, entity, digest) SELECT CASE WHEN i % 100 = 0 THEN 'small' ELSE 'big' END,
@@ -173,7 +173,7 @@ func TestDecidePlansForBigBatches(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
 	if distributed(t, s) {
-		t.Skip("the one-server statements' plans; on Citus the decide claims, and internal/citusplan checks its plans")
+		t.Skip("the one-server statements' plans; on Citus the decide claims, and tests/citusplan checks its plans")
 	}
 	pool := s.Pool()
 	for _, table := range []string{"state", "window_ids"} {

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/tcpproxy"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/tcpproxy"
 )
 
 // TestHashBytesIsPostgreSQLHash: the hash a routed decide groups identities

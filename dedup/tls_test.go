@@ -12,7 +12,7 @@ import (
 
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pglocal"
-	"github.com/dam-dedup/dam/internal/testcert"
+	"github.com/dam-dedup/dam/internal/testutil/testcert"
 	"github.com/dam-dedup/dam/migrations"
 )
 

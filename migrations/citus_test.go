@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 	"github.com/dam-dedup/dam/migrations"
 )
 

@@ -17,8 +17,8 @@ import (
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pglocal"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 // commitPreparedDropper stands between the Citus coordinator and one

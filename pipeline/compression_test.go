@@ -11,8 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 // codecNames are the record batch attribute's compression codecs.

@@ -8,8 +8,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 // On a group's first join (no committed offset, no progress) with

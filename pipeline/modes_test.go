@@ -12,8 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
 

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
 

@@ -9,8 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 // Finding 6: a partition revoked while its owner is shutting down (a

@@ -9,9 +9,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/tcpproxy"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/tcpproxy"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 // TestOnStoreFailureForward: with on_store_failure: forward, records pass

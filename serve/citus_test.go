@@ -10,15 +10,15 @@ import (
 	"testing"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/pglocal"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/tcpproxy"
+	"github.com/dam-dedup/dam/internal/testutil/pgcitus"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/tcpproxy"
 )
 
 // proxyWorker routes the coordinator's connections to worker i of cc
 // through a tcpproxy (pgtest.RouteWorker), so that a test can lose what a
 // worker answers the coordinator.
-func proxyWorker(t *testing.T, cc *pglocal.CitusCluster, i int) *tcpproxy.Proxy {
+func proxyWorker(t *testing.T, cc *pgcitus.Cluster, i int) *tcpproxy.Proxy {
 	t.Helper()
 	px := tcpproxy.New(t, fmt.Sprintf("127.0.0.1:%d", cc.Worker(i).Port()))
 	pgtest.RouteWorker(t, cc.Worker(i), px.Addr())

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/testcert"
+	"github.com/dam-dedup/dam/internal/testutil/testcert"
 )
 
 // timedChecks sends n checks of service a with token, one after the

@@ -16,7 +16,7 @@ import (
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 	"github.com/dam-dedup/dam/serve"
 )
 

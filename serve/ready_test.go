@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/tcpproxy"
+	"github.com/dam-dedup/dam/internal/testutil/tcpproxy"
 	"github.com/dam-dedup/dam/serve"
 )
 

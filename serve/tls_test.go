@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/testcert"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/testcert"
 	"github.com/dam-dedup/dam/serve"
 )
 

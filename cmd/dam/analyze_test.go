@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/analyze"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 func runAnalyze(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 // The logic of dam explain is package explain's, tested there; the

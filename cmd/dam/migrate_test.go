@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 	"github.com/dam-dedup/dam/migrations"
 )
 

@@ -11,9 +11,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/testcert"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/testcert"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 // dam run checks the brokers before it starts: a broker refusing its

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 const serveToken = "serve-test-token-0123456789"

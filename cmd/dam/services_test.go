@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 // The state commands refuse a service that no route and no serve token of

@@ -14,8 +14,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/dam-dedup/dam/config"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 // TestStateSkip steps a running sidecar's partition, halted at bad input

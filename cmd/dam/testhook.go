@@ -2,7 +2,7 @@
 
 // The test hooks of the chaos suite and the benchmarks, compiled in only
 // with the damtest build tag (go build -tags damtest ./cmd/dam), which
-// internal/e2e and internal/e2ebench use; the production binary has none
+// tests/e2e and internal/cmd/e2ebench use; the production binary has none
 // (testhook_off.go).
 
 package main
@@ -62,7 +62,7 @@ func pauseHook(log *zap.Logger) (pipeline.Option, error) {
 
 // envCPUProfile names the benchmark's profiling variable: with
 // DAM_TEST_CPUPROFILE=FILE, dam writes a CPU profile of its whole run to
-// FILE (go run ./internal/e2ebench -profile DIR). Like every DAM_TEST_
+// FILE (go run ./internal/cmd/e2ebench -profile DIR). Like every DAM_TEST_
 // variable it belongs to the test suite.
 const envCPUProfile = "DAM_TEST_CPUPROFILE"
 

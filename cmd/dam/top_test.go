@@ -12,7 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 // dam top, run in a terminal (tmux) as a person runs it, against a

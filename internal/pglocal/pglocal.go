@@ -65,9 +65,9 @@ func Durable() Option {
 	return func(c *Cluster) { c.durable = true }
 }
 
-// withConf appends lines to postgresql.conf after initdb (StartCitus's
-// settings).
-func withConf(lines ...string) Option {
+// WithConf appends lines to postgresql.conf after initdb, such as
+// shared_preload_libraries for an extension.
+func WithConf(lines ...string) Option {
 	return func(c *Cluster) { c.conf = append(c.conf, lines...) }
 }
 
@@ -82,7 +82,7 @@ func Start(ctx context.Context, logf func(string, ...any), opts ...Option) (*Clu
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	bin, err := findBin()
+	bin, err := BinDir()
 	if err != nil {
 		return nil, err
 	}
@@ -336,9 +336,9 @@ func unprivileged() (*syscall.Credential, error) {
 	return nil, errors.New("no postgres or nobody user to run the server as")
 }
 
-// findBin returns the directory holding initdb and pg_ctl: PATH first, then
-// the highest version under /usr/lib/postgresql.
-func findBin() (string, error) {
+// BinDir returns the directory holding the initdb and pg_ctl that Start
+// uses: PATH first, then the highest version under /usr/lib/postgresql.
+func BinDir() (string, error) {
 	if p, err := exec.LookPath("initdb"); err == nil {
 		dir := filepath.Dir(p)
 		if _, err := os.Stat(filepath.Join(dir, "pg_ctl")); err == nil {

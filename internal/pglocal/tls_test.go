@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/dam-dedup/dam/internal/testcert"
+	"github.com/dam-dedup/dam/internal/testutil/testcert"
 )
 
 // WithTLS: the server accepts TCP connections over TLS only, and a client

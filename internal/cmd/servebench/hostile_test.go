@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -34,7 +34,7 @@ var reducedHostile = hostileOptions{Large: 40, LargeBytes: 10_000_000, RSSLimit:
 // under 250 ms; dam serve's peak RSS (VmHWM, measured on the process)
 // stays under 300 MB, and /metrics does not grow with the made-up
 // services. DAM_TEST_HOSTILE=full runs it at the size (100
-// concurrent 10 MB bodies), as does go run ./internal/servebench -hostile.
+// concurrent 10 MB bodies), as does go run ./internal/cmd/servebench -hostile.
 func TestHostileClients(t *testing.T) {
 	o := reducedHostile
 	if pgtest.Citus() {

@@ -105,7 +105,7 @@ func (r release) write(t *testing.T) string {
 func TestCheck(t *testing.T) {
 	defer func(p []platform, m string) { platforms, mainPath = p, m }(platforms, mainPath)
 	platforms = []platform{{runtime.GOOS, runtime.GOARCH}}
-	mainPath = "github.com/dam-dedup/dam/internal/releasecheck/testdata/fakedam"
+	mainPath = "github.com/dam-dedup/dam/internal/cmd/releasecheck/testdata/fakedam"
 	dir := t.TempDir()
 	static := []string{"CGO_ENABLED=0"}
 	good := buildFake(t, dir, static, "-trimpath")

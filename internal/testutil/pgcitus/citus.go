@@ -1,4 +1,6 @@
-package pglocal
+// Package pgcitus starts a throwaway Citus cluster for tests and benches: a
+// coordinator and workers, each a pglocal cluster on 127.0.0.1.
+package pgcitus
 
 import (
 	"context"
@@ -11,38 +13,40 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dam-dedup/dam/internal/pglocal"
 )
 
 // ErrNoCitus: the Citus extension is not installed in the PostgreSQL whose
 // binaries pglocal uses.
-var ErrNoCitus = errors.New("pglocal: the Citus extension is not installed; " +
+var ErrNoCitus = errors.New("pgcitus: the Citus extension is not installed; " +
 	"`make test-citus` installs it (scripts/install-citus.sh), or run ../shared/citus/build.sh")
 
-// CitusShardCount is the citus.shard_count of a StartCitus coordinator:
+// ShardCount is the citus.shard_count of a Start coordinator:
 // each distributed table gets this many shards. Citus's default, 32, makes
 // creating (and dropping) a schema of distributed tables per test slow; 4
 // still spreads every table over two workers.
-const CitusShardCount = 4
+const ShardCount = 4
 
-// CitusCluster is a running throwaway Citus cluster: a coordinator and its
+// Cluster is a running throwaway Citus cluster: a coordinator and its
 // workers, each a Cluster of its own. Stop it to remove it.
-type CitusCluster struct {
-	coord   *Cluster
-	workers []*Cluster
+type Cluster struct {
+	coord   *pglocal.Cluster
+	workers []*pglocal.Cluster
 }
 
-// CitusInstalled reports whether the Citus extension (citus.so and
+// Installed reports whether the Citus extension (citus.so and
 // citus.control) is installed in the PostgreSQL whose binaries Start uses;
 // if not, the error wraps ErrNoCitus and names the paths it looked at.
-func CitusInstalled() error {
-	bin, err := findBin()
+func Installed() error {
+	bin, err := pglocal.BinDir()
 	if err != nil {
 		return err
 	}
-	return citusInstalled(bin)
+	return installed(bin)
 }
 
-func citusInstalled(bin string) error {
+func installed(bin string) error {
 	// The server loads the library: look beside the real postgres binary
 	// (bin may hold symlinks, as /usr/local/bin to Debian's). pg_config
 	// knows the layout; without it, assume Debian's
@@ -69,55 +73,55 @@ func citusInstalled(bin string) error {
 	return nil
 }
 
-// StartCitus starts a Citus cluster from the installed binaries: a
+// Start starts a Citus cluster from the installed binaries: a
 // coordinator and workers worker nodes (at least 1), each a cluster as
 // Start makes it, on its own port of 127.0.0.1, with
 // shared_preload_libraries = 'citus', max_prepared_transactions = 200 (for
 // two-phase commits), durable commits (see Durable: tests kill workers)
 // and the citus extension created in the postgres database. The workers
 // are added to the coordinator (citus_add_node), whose citus.shard_count
-// is CitusShardCount. opts apply to every node. It fails with an error
+// is ShardCount. opts apply to every node. It fails with an error
 // wrapping ErrNoCitus when Citus is not installed.
 //
 // Clients connect to the coordinator (DSN); Worker gives the workers'
 // clusters, to Restart, Kill or Revive one: each keeps its port, so the
 // coordinator finds it again.
-func StartCitus(ctx context.Context, logf func(string, ...any), workers int, opts ...Option) (*CitusCluster, error) {
+func Start(ctx context.Context, logf func(string, ...any), workers int, opts ...pglocal.Option) (*Cluster, error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
 	if workers < 1 {
-		return nil, fmt.Errorf("pglocal: StartCitus: %d workers, want at least 1", workers)
+		return nil, fmt.Errorf("pgcitus: Start: %d workers, want at least 1", workers)
 	}
-	bin, err := findBin()
+	bin, err := pglocal.BinDir()
 	if err != nil {
 		return nil, err
 	}
-	if err := citusInstalled(bin); err != nil {
+	if err := installed(bin); err != nil {
 		return nil, err
 	}
-	node := append([]Option{Durable(), withConf(
+	node := append([]pglocal.Option{pglocal.Durable(), pglocal.WithConf(
 		"shared_preload_libraries = 'citus'",
 		"max_prepared_transactions = 200",
 	)}, opts...)
-	coordOpts := append(append([]Option(nil), node...), withConf(
-		fmt.Sprintf("citus.shard_count = %d", CitusShardCount),
+	coordOpts := append(append([]pglocal.Option(nil), node...), pglocal.WithConf(
+		fmt.Sprintf("citus.shard_count = %d", ShardCount),
 	))
 
 	// The nodes start in parallel: initdb and the first start dominate.
-	cc := &CitusCluster{workers: make([]*Cluster, workers)}
+	cc := &Cluster{workers: make([]*pglocal.Cluster, workers)}
 	errs := make([]error, workers+1)
 	var wg sync.WaitGroup
 	for i := 0; i <= workers; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var c *Cluster
+			var c *pglocal.Cluster
 			if i == 0 {
-				c, errs[i] = Start(ctx, logf, coordOpts...)
+				c, errs[i] = pglocal.Start(ctx, logf, coordOpts...)
 				cc.coord = c
 			} else {
-				c, errs[i] = Start(ctx, logf, node...)
+				c, errs[i] = pglocal.Start(ctx, logf, node...)
 				cc.workers[i-1] = c
 			}
 			if errs[i] == nil {
@@ -128,37 +132,39 @@ func StartCitus(ctx context.Context, logf func(string, ...any), workers int, opt
 	wg.Wait()
 	err = errors.Join(errs...)
 	if err == nil {
-		sql := []string{fmt.Sprintf("SELECT citus_set_coordinator_host('127.0.0.1', %d)", cc.coord.port)}
+		sql := []string{fmt.Sprintf("SELECT citus_set_coordinator_host('127.0.0.1', %d)", cc.coord.Port())}
 		for _, w := range cc.workers {
-			sql = append(sql, fmt.Sprintf("SELECT citus_add_node('127.0.0.1', %d)", w.port))
+			sql = append(sql, fmt.Sprintf("SELECT citus_add_node('127.0.0.1', %d)", w.Port()))
 		}
 		err = execAll(ctx, cc.coord.DSN(), sql...)
 	}
 	if err != nil {
 		cc.Stop()
-		return nil, fmt.Errorf("pglocal: StartCitus: %w", err)
+		return nil, fmt.Errorf("pgcitus: Start: %w", err)
 	}
-	logf("pglocal: started Citus: coordinator on 127.0.0.1:%d, %d workers", cc.coord.port, workers)
+	logf("pgcitus: started Citus: coordinator on 127.0.0.1:%d, %d workers", cc.coord.Port(), workers)
 	return cc, nil
 }
 
 // DSN returns a connection string for the coordinator's postgres database
-// (see Cluster.DSN).
-func (cc *CitusCluster) DSN() string { return cc.coord.DSN() }
+// (see pglocal.Cluster.DSN).
+func (cc *Cluster) DSN() string { return cc.coord.DSN() }
 
 // Coordinator returns the coordinator's cluster.
-func (cc *CitusCluster) Coordinator() *Cluster { return cc.coord }
+func (cc *Cluster) Coordinator() *pglocal.Cluster { return cc.coord }
 
 // Workers returns the workers' clusters, in the order they were added.
-func (cc *CitusCluster) Workers() []*Cluster { return append([]*Cluster(nil), cc.workers...) }
+func (cc *Cluster) Workers() []*pglocal.Cluster {
+	return append([]*pglocal.Cluster(nil), cc.workers...)
+}
 
 // Worker returns worker i's cluster (0-based).
-func (cc *CitusCluster) Worker(i int) *Cluster { return cc.workers[i] }
+func (cc *Cluster) Worker(i int) *pglocal.Cluster { return cc.workers[i] }
 
-// Stop stops every node (see Cluster.Stop) and removes them.
-func (cc *CitusCluster) Stop() error {
+// Stop stops every node (see pglocal.Cluster.Stop) and removes them.
+func (cc *Cluster) Stop() error {
 	var errs []error
-	for _, c := range append([]*Cluster{cc.coord}, cc.workers...) {
+	for _, c := range append([]*pglocal.Cluster{cc.coord}, cc.workers...) {
 		if c != nil {
 			errs = append(errs, c.Stop())
 		}
@@ -170,12 +176,12 @@ func (cc *CitusCluster) Stop() error {
 func execAll(ctx context.Context, dsn string, sql ...string) error {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		return fmt.Errorf("pglocal: %w", err)
+		return fmt.Errorf("pgcitus: %w", err)
 	}
 	defer conn.Close(context.Background())
 	for _, s := range sql {
 		if _, err := conn.Exec(ctx, s); err != nil {
-			return fmt.Errorf("pglocal: %s: %w", s, err)
+			return fmt.Errorf("pgcitus: %s: %w", s, err)
 		}
 	}
 	return nil

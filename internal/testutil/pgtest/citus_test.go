@@ -11,16 +11,17 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dam-dedup/dam/internal/pglocal"
+	"github.com/dam-dedup/dam/internal/testutil/pgcitus"
 )
 
 // envNoCitusChild makes TestMain replace startCitus with one that fails as
-// pglocal.StartCitus does without Citus (TestNoCitusFails's subprocess).
+// pgcitus.Start does without Citus (TestNoCitusFails's subprocess).
 const envNoCitusChild = "DAM_PGTEST_NO_CITUS_CHILD"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envNoCitusChild) == "1" {
-		startCitus = func(context.Context, func(string, ...any), int, ...pglocal.Option) (*pglocal.CitusCluster, error) {
-			return nil, pglocal.ErrNoCitus
+		startCitus = func(context.Context, func(string, ...any), int, ...pglocal.Option) (*pgcitus.Cluster, error) {
+			return nil, pgcitus.ErrNoCitus
 		}
 	}
 	Main(m)

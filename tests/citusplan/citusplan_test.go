@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dam-dedup/dam/internal/pglocal"
+	"github.com/dam-dedup/dam/internal/testutil/pgcitus"
 )
 
 // TestPlans captures the store's statements on a Citus cluster of two
@@ -25,7 +25,7 @@ func TestPlans(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cc, err := pglocal.StartCitus(ctx, t.Logf, 2)
+	cc, err := pgcitus.Start(ctx, t.Logf, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

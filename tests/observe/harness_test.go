@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 // TestMain gives the tests a real PostgreSQL (see pgtest.Main).

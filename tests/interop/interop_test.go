@@ -25,8 +25,8 @@ import (
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
 
@@ -45,7 +45,7 @@ func node(t *testing.T) string {
 	}
 	b, err := os.ReadFile(filepath.Join("node_modules", "kafkajs", "package.json"))
 	if err != nil {
-		t.Fatalf("kafkajs is not installed (%v): run `make deps` (npm ci in internal/interop)", err)
+		t.Fatalf("kafkajs is not installed (%v): run `make deps` (npm ci in tests/interop)", err)
 	}
 	var pkg struct{ Version string }
 	if err := json.Unmarshal(b, &pkg); err != nil || pkg.Version != kafkajsVersion {

@@ -20,9 +20,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/tcpproxy"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/tcpproxy"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 const (

@@ -14,6 +14,7 @@ import (
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pglocal"
+	"github.com/dam-dedup/dam/internal/testutil/pgcitus"
 	"github.com/dam-dedup/dam/migrations"
 )
 
@@ -44,7 +45,7 @@ func TestDecideCost(t *testing.T) {
 			}
 			dsns, roles, stop = []string{c.DSN()}, []string{"server"}, c.Stop
 		} else {
-			cc, err := pglocal.StartCitus(ctx, t.Logf, 2)
+			cc, err := pgcitus.Start(ctx, t.Logf, 2)
 			if err != nil {
 				t.Fatal(err)
 			}

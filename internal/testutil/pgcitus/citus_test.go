@@ -1,4 +1,4 @@
-package pglocal
+package pgcitus
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dam-dedup/dam/internal/pglocal"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -16,18 +17,18 @@ import (
 // cannot import it).
 const envCitus = "DAM_TEST_CITUS"
 
-// TestStartCitus starts a coordinator and two workers, distributes a table
+// TestStart starts a coordinator and two workers, distributes a table
 // and checks its shards are spread over both workers and survive a worker's
 // crash. It runs only with DAM_TEST_CITUS=1 (make test-citus), and then
 // fails, not skips, when Citus is not installed.
-func TestStartCitus(t *testing.T) {
+func TestStart(t *testing.T) {
 	if on, _ := strconv.ParseBool(os.Getenv(envCitus)); !on {
 		t.Skipf("%s is not set: make test-citus runs this test", envCitus)
 	}
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cc, err := StartCitus(ctx, t.Logf, 2)
+	cc, err := Start(ctx, t.Logf, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,8 +56,8 @@ func TestStartCitus(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'spread'::regclass`).Scan(&shards); err != nil {
 		t.Fatal(err)
 	}
-	if shards != CitusShardCount {
-		t.Errorf("spread has %d shards, want citus.shard_count = %d", shards, CitusShardCount)
+	if shards != ShardCount {
+		t.Errorf("spread has %d shards, want citus.shard_count = %d", shards, ShardCount)
 	}
 	rows, err := conn.Query(ctx, `SELECT nodeport, count(*)::int FROM citus_shards WHERE table_name = 'spread'::regclass GROUP BY nodeport`)
 	if err != nil {
@@ -148,31 +149,31 @@ func TestStartCitus(t *testing.T) {
 	}
 }
 
-// TestCitusInstalled: CitusInstalled agrees with StartCitus's check, and
+// TestInstalled: Installed agrees with Start's check, and
 // under DAM_TEST_CITUS=1 Citus must be installed.
-func TestCitusInstalled(t *testing.T) {
+func TestInstalled(t *testing.T) {
 	t.Parallel()
-	err := CitusInstalled()
-	if errors.Is(err, ErrNoBinaries) {
+	err := Installed()
+	if errors.Is(err, pglocal.ErrNoBinaries) {
 		t.Skip(err)
 	}
 	if on, _ := strconv.ParseBool(os.Getenv(envCitus)); on && err != nil {
 		t.Fatalf("%s is set: %v", envCitus, err)
 	}
 	if err != nil && !errors.Is(err, ErrNoCitus) {
-		t.Fatalf("CitusInstalled: %v, want nil or ErrNoCitus", err)
+		t.Fatalf("Installed: %v, want nil or ErrNoCitus", err)
 	}
-	t.Logf("CitusInstalled: %v", err)
+	t.Logf("Installed: %v", err)
 }
 
-// TestCitusMissing: PostgreSQL binaries without Citus beside them give
+// TestNotInstalled: PostgreSQL binaries without Citus beside them give
 // ErrNoCitus, whose message names the fix.
-func TestCitusMissing(t *testing.T) {
+func TestNotInstalled(t *testing.T) {
 	t.Parallel()
 	bin := t.TempDir()
-	err := citusInstalled(bin)
+	err := installed(bin)
 	if !errors.Is(err, ErrNoCitus) {
-		t.Fatalf("citusInstalled(empty dir) = %v, want ErrNoCitus", err)
+		t.Fatalf("installed(empty dir) = %v, want ErrNoCitus", err)
 	}
 	for _, want := range []string{"make test-citus", "build.sh", "citus.so"} {
 		if !strings.Contains(err.Error(), want) {

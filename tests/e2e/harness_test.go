@@ -36,8 +36,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 const (

@@ -23,9 +23,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dam-dedup/dam/internal/pglocal"
-	"github.com/dam-dedup/dam/internal/pgtest"
-	"github.com/dam-dedup/dam/internal/tcpproxy"
-	"github.com/dam-dedup/dam/internal/testkafka"
+	"github.com/dam-dedup/dam/internal/testutil/pgcitus"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/tcpproxy"
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
 // The chaos suite: each scenario injects one kind of fault, many times,
@@ -572,7 +573,7 @@ func chaosPostgres(c *chaosRun) {
 func chaosCitusWorkers(c *chaosRun) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cc, err := pglocal.StartCitus(ctx, c.t.Logf, 2)
+	cc, err := pgcitus.Start(ctx, c.t.Logf, 2)
 	if err != nil {
 		c.t.Fatal(err)
 	}

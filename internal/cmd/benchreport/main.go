@@ -6,13 +6,13 @@
 //     same pass vs Sum), medians over -count runs;
 //   - dedup: BenchmarkDecide (batched Decide vs the per-record CAS, and each
 //     mode's batched Decide next to last-seen's), medians;
-//   - end to end: the internal/e2ebench program (passthrough, naive, dam
+//   - end to end: the internal/cmd/e2ebench program (passthrough, naive, dam
 //     with entity: key, dam-pointer with entity: /id, dam-eos in
 //     exactly-once mode, dam-tap with one `dam tap` reader attached
 //     against dam with none, dam-citus on a Citus cluster of two workers
 //     next to dam-single on one server set up as its nodes, skipped when
 //     Citus is not installed), which prints its ratios;
-//   - dam serve: the internal/servebench program (open-loop load at rising
+//   - dam serve: the internal/cmd/servebench program (open-loop load at rising
 //     request rates; the highest rate held with p99 under 250 ms; then
 //     twice that rate, the goodput and the 503s' latency past capacity,
 //     and a client opening a connection per request).
@@ -42,9 +42,9 @@ func main() {
 	quick := flag.Bool("quick", false, "development: -count 1 for every benchmark")
 	skipE2E := flag.Bool("skip-e2e", false, "do not run the end-to-end benchmark")
 	dedupTime := flag.String("dedup-benchtime", "1x", "-benchtime of the dedup benchmarks")
-	e2eArgs := flag.String("e2e-args", "", "extra flags for internal/e2ebench (space separated)")
+	e2eArgs := flag.String("e2e-args", "", "extra flags for internal/cmd/e2ebench (space separated)")
 	skipServe := flag.Bool("skip-serve", false, "do not run the dam serve benchmark")
-	serveArgs := flag.String("serve-args", "", "extra flags for internal/servebench (space separated)")
+	serveArgs := flag.String("serve-args", "", "extra flags for internal/cmd/servebench (space separated)")
 	flag.Parse()
 
 	start := time.Now()
@@ -75,7 +75,7 @@ func main() {
 	}
 
 	if !*skipE2E {
-		fmt.Printf("\n== end to end (internal/e2ebench)\n")
+		fmt.Printf("\n== end to end (internal/cmd/e2ebench)\n")
 		args := strings.Fields(*e2eArgs)
 		if best, name := bestDecide(parse(dedupOut)); best > 0 {
 			// e2ebench compares dam's rate with PostgreSQL's own limit.
@@ -87,7 +87,7 @@ func main() {
 		}
 	}
 	if !*skipServe {
-		fmt.Printf("\n== dam serve (internal/servebench)\n")
+		fmt.Printf("\n== dam serve (internal/cmd/servebench)\n")
 		if err := runProgram("servebench", strings.Fields(*serveArgs)); err != nil {
 			fmt.Fprintf(os.Stderr, "benchreport: servebench: %v\n", err)
 			failed = true
@@ -114,7 +114,7 @@ func goBench(pkg string, args ...string) ([]byte, error) {
 	return buf.Bytes(), err
 }
 
-// runProgram builds and runs internal/NAME: its table goes to stdout, its
+// runProgram builds and runs internal/cmd/NAME: its table goes to stdout, its
 // progress to stderr.
 func runProgram(name string, extra []string) error {
 	dir, err := os.MkdirTemp("", "benchreport-")
@@ -123,7 +123,7 @@ func runProgram(name string, extra []string) error {
 	}
 	defer os.RemoveAll(dir)
 	bin := dir + "/" + name
-	build := exec.Command("go", "build", "-o", bin, "./internal/"+name)
+	build := exec.Command("go", "build", "-o", bin, "./internal/cmd/"+name)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		return fmt.Errorf("build: %w", err)

@@ -10,7 +10,7 @@
 // With DAM_TEST_CITUS=1 (EnvCitus; make test-citus) the server is a Citus
 // cluster instead: $DAM_TEST_CITUS_DSN (EnvCitusDSN) when it answers, else
 // a throwaway coordinator and two workers that Main starts
-// (pglocal.StartCitus); $DAM_TEST_POSTGRES_DSN is not used. The schemas
+// (pgcitus.Start); $DAM_TEST_POSTGRES_DSN is not used. The schemas
 // and migrations are the same; the migrations distribute the tables when
 // the citus extension exists. If there is no Citus cluster, every test
 // that asks for a database fails: none is quietly run on plain PostgreSQL.
@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dam-dedup/dam/internal/pglocal"
+	"github.com/dam-dedup/dam/internal/testutil/pgcitus"
 	"github.com/dam-dedup/dam/migrations"
 )
 
@@ -63,7 +64,7 @@ var (
 	// onCitus: the server has the citus extension (or EnvCitus is set).
 	onCitus bool
 	// citus: the Citus cluster Main started, if it did.
-	citus *pglocal.CitusCluster
+	citus *pgcitus.Cluster
 
 	lazyOnce  sync.Once // Base without Main
 	lazyDSN   string
@@ -172,9 +173,9 @@ func setupCitus() (stop func()) {
 	}
 }
 
-// startCitus is pglocal.StartCitus; the package's tests replace it to see
+// startCitus is pgcitus.Start; the package's tests replace it to see
 // Main without Citus.
-var startCitus = pglocal.StartCitus
+var startCitus = pgcitus.Start
 
 // citusWanted reports whether EnvCitus asks for Citus.
 func citusWanted() (bool, error) {
@@ -221,7 +222,7 @@ func Citus() bool {
 // or when none could be started. The cluster is the package's: a test that
 // crashes a worker disturbs every test running then, so it should not be
 // parallel (see NeedCitusCluster).
-func CitusCluster() *pglocal.CitusCluster { return citus }
+func CitusCluster() *pgcitus.Cluster { return citus }
 
 // NeedCitusCluster returns the Citus cluster that Main started, for a test
 // that must crash or restart a node. It skips the test when the tests do
@@ -229,7 +230,7 @@ func CitusCluster() *pglocal.CitusCluster { return citus }
 // process's to restart), and fails it when EnvCitus is set but there is no
 // Citus cluster. Such a test should not call t.Parallel: the package's
 // other tests share the cluster.
-func NeedCitusCluster(t testing.TB) *pglocal.CitusCluster {
+func NeedCitusCluster(t testing.TB) *pgcitus.Cluster {
 	t.Helper()
 	if !Citus() {
 		t.Skipf("not on Citus: %s=1 (make test-citus) runs this test", EnvCitus)

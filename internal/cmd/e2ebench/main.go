@@ -35,7 +35,7 @@
 //     one throwaway server with the same settings as each Citus node; the
 //     two are compared as a ratio, with PostgreSQL's CPU per record summed
 //     over every node (see citus.go), followed by how Citus runs each
-//     statement of dam's store (internal/citusplan). Without Citus
+//     statement of dam's store (tests/citusplan). Without Citus
 //     installed both are skipped, saying so.
 //
 // Each variant gets a fresh in-process kfake cluster with the input

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dam-dedup/dam/internal/pgtest"
+	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 // TestRebalance has a second instance join the group mid-stream and leave

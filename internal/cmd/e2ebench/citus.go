@@ -15,12 +15,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/dam-dedup/dam/internal/citusplan"
 	"github.com/dam-dedup/dam/internal/pglocal"
+	"github.com/dam-dedup/dam/internal/testutil/pgcitus"
+	"github.com/dam-dedup/dam/tests/citusplan"
 )
 
 // The Citus comparison. dam-citus runs the current dam on a Citus cluster
-// of its own (a coordinator and -citus-workers workers, pglocal.StartCitus,
+// of its own (a coordinator and -citus-workers workers, pgcitus.Start,
 // all on this machine); dam-single runs it on one throwaway server started
 // with the same binaries and settings as each Citus node (durable commits,
 // fsync off, full_page_writes off), so that the ratio measures the
@@ -76,7 +77,7 @@ func dedicatedTarget(ctx context.Context, variant string, workers, cachedConns i
 		t.dsn, t.stop = c.DSN(), func() { logStop(c.Stop()) }
 		t.nodes = []pgNode{{role: "server", dsn: c.DSN()}}
 	case variantCitus:
-		cc, err := pglocal.StartCitus(sctx, logf, workers)
+		cc, err := pgcitus.Start(sctx, logf, workers)
 		if err != nil {
 			return nil, err
 		}
@@ -349,7 +350,7 @@ func (m *cpuMeter) stop() []nodeCPU {
 }
 
 // citusUnavailable says why dam-citus cannot run, or nil.
-func citusUnavailable() error { return pglocal.CitusInstalled() }
+func citusUnavailable() error { return pgcitus.Installed() }
 
 // printCitus prints dam-single and dam-citus side by side: their rates
 // (medians over their runs), ratio, CPU per record and latency.
@@ -397,7 +398,7 @@ func printCitus(w io.Writer, o options, rs []result, citus *pgTarget) {
 		conns = strconv.Itoa(o.citusCachedConns)
 	}
 	fmt.Fprintf(w, "\non Citus: dam-citus = a coordinator and %d workers, %d shards per table, citus.max_cached_conns_per_worker %s, all on this machine's %d CPUs with dam and the broker; dam-single = one server with the same binaries and settings (medians over each variant's runs)\n",
-		citus.workers, pglocal.CitusShardCount, conns, runtime.NumCPU())
+		citus.workers, pgcitus.ShardCount, conns, runtime.NumCPU())
 	fmt.Fprintf(w, "%-11s %5s %9s %10s %10s %9s %10s %9s %11s\n", "variant", "runs", "records", "records/s", "vs single", "dam µs/r", "PG µs/r", "WAL B/r", "p99 steady")
 	base := median(single.rates)
 	for _, v := range order {
@@ -425,7 +426,7 @@ func printCitus(w io.Writer, o options, rs []result, citus *pgTarget) {
 }
 
 // printPlans prints how the Citus cluster runs each statement of dam's
-// store (internal/citusplan).
+// store (tests/citusplan).
 func printPlans(ctx context.Context, w io.Writer, dsn string) {
 	sts, err := citusplan.Capture(ctx, dsn, citusplan.Options{Logf: logf})
 	if err != nil {
@@ -433,7 +434,7 @@ func printPlans(ctx context.Context, w io.Writer, dsn string) {
 		fmt.Fprintf(w, "statement plans on Citus: failed: %v\n", err)
 		return
 	}
-	fmt.Fprintf(w, "\nstatements of dam's store on the same cluster (EXPLAIN (VERBOSE, COSTS OFF), a batch of 1000 records; internal/citusplan):\n")
+	fmt.Fprintf(w, "\nstatements of dam's store on the same cluster (EXPLAIN (VERBOSE, COSTS OFF), a batch of 1000 records; tests/citusplan):\n")
 	citusplan.Print(w, sts, false)
 }
 
