@@ -78,8 +78,8 @@ func egressRules(np networkPolicy) []string {
 	return egress
 }
 
-// The optional NetworkPolicy (issue 19, item 14: /metrics and /readyz are
-// unauthenticated and service.type allows LoadBalancer) selects the
+// The optional NetworkPolicy (/metrics and /readyz are unauthenticated,
+// and service.type allows LoadBalancer) selects the
 // release's pods, lets in only the selected namespaces, on the HTTP port,
 // and lets out only Kafka (the brokers' ports), PostgreSQL and DNS, each
 // to where the values say it is.

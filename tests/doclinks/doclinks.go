@@ -1,5 +1,5 @@
 // Package doclinks checks the links of the repository's documentation, so
-// that moving a section cannot silently break one (issue 21). Its test runs
+// that moving a section cannot silently break one. Its test runs
 // Check over the repository in `make test`.
 //
 // What is checked:
