@@ -26,16 +26,6 @@ func budgetConfig(t *testing.T, kc *testkafka.Cluster, dsn string, rt config.Rou
 	return cfg
 }
 
-// keyed builds n records of partition part with keys prefix-0 ... prefix-n-1.
-func keyed(part int32, prefix string, n int) []*kgo.Record {
-	out := make([]*kgo.Record, n)
-	for i := range out {
-		out[i] = rec(fmt.Sprintf("%s-%d", prefix, i), fmt.Sprintf(`{"n":%d}`, i))
-		out[i].Partition = part
-	}
-	return out
-}
-
 // A partition that halts gives back every record it took from the shared
 // in-flight budget, whichever side stops it: the other partitions go on
 // polling and delivering, and dam_records_in_flight falls back to zero.
@@ -116,20 +106,4 @@ func TestFencedPartitionGivesBackItsBudget(t *testing.T) {
 	produceTo(t, kc, "in", keyed(1, "d", 80)...)
 	waitDelivered(t, kc, "d", 80)
 	r.stop()
-}
-
-// waitDelivered waits until "out" holds the n records keyed prefix-0 ...
-// prefix-n-1.
-func waitDelivered(t *testing.T, kc *testkafka.Cluster, prefix string, n int) {
-	t.Helper()
-	waitFor(t, fmt.Sprintf("%d records %s-* delivered", n, prefix), func() (bool, string) {
-		got := byKey(kc.ReadAll("out"))
-		k := 0
-		for i := range n {
-			if got[fmt.Sprintf("%s-%d", prefix, i)] != nil {
-				k++
-			}
-		}
-		return k == n, fmt.Sprintf("%d of %d delivered", k, n)
-	})
 }

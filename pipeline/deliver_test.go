@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/internal/pgtest"
@@ -37,15 +36,6 @@ func TestRecordAboveProducerDefault(t *testing.T) {
 		t.Fatalf("delivered %d records (%s), want the 3 once each", len(out), dump(out))
 	}
 	r.stop()
-}
-
-// bigKeyed is a record whose value fits max_size but which, with a large
-// header, is larger than the output topic accepts. (A large key no longer
-// does: an entity above dedup.MaxEntityBytes is bad input.)
-func bigKeyed(valueBytes int) *kgo.Record {
-	r := rec("big", `"`+strings.Repeat("v", valueBytes-2)+`"`)
-	r.Headers = []kgo.RecordHeader{{Key: "h", Value: []byte(strings.Repeat("H", 70_000))}}
-	return r
 }
 
 // Finding 4: a record Kafka refuses for good goes to the dead-letter topic
@@ -132,26 +122,6 @@ func TestRefusedRecordHaltsWithoutDeadLetter(t *testing.T) {
 	if got := byKey(kc.ReadAll("out")); got["b"] != nil {
 		t.Errorf("b, after the refused record, was delivered: %v", got)
 	}
-}
-
-// waitCommitted waits until the group's committed offset of topic/part is
-// want.
-func waitCommitted(t *testing.T, kc *testkafka.Cluster, group, topic string, part int32, want int64) {
-	t.Helper()
-	adm := kadm.NewClient(kc.Client())
-	waitFor(t, fmt.Sprintf("committed offset %d on %s/%d", want, topic, part), func() (bool, string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		offs, err := adm.FetchOffsets(ctx, group)
-		if err != nil {
-			return false, err.Error()
-		}
-		o, ok := offs.Lookup(topic, part)
-		if !ok {
-			return false, "no commit"
-		}
-		return o.At == want, fmt.Sprintf("committed %d", o.At)
-	})
 }
 
 // Finding 4: max_size must fit in a record of the output topic: checked at

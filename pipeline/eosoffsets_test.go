@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
@@ -57,21 +56,6 @@ func (c *txnCommits) count(tp string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.seen[tp])
-}
-
-// commitByHand commits offset for topic/0 as an operator would, while the
-// group is empty.
-func commitByHand(t *testing.T, kc *testkafka.Cluster, group, topic string, offset int64) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := kadm.NewClient(kc.Client()).CommitOffsets(ctx, group, kadm.Offsets{topic: {0: {Topic: topic, Partition: 0, At: offset, LeaderEpoch: -1}}})
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		t.Fatalf("committing %s/0 at %d by hand: %v", topic, offset, err)
-	}
 }
 
 // Issue 18, items 1 and 2: exactly-once with Kafka's committed offset C

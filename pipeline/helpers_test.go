@@ -6,12 +6,19 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
@@ -367,4 +374,335 @@ func deadLetterRig(t *testing.T, delivery string) (*testkafka.Cluster, string, c
 	rt := route("svc", "in", "out")
 	rt.DeadLetter = "dlq"
 	return kc, dsn, inMode(testConfig(t, kc, dsn, rt), delivery)
+}
+
+// eosConfig is testConfig in exactly-once mode with a transactional id of
+// its own.
+func eosConfig(t *testing.T, kc *testkafka.Cluster, dsn, id string, routes ...config.Route) config.Config {
+	t.Helper()
+	cfg := testConfig(t, kc, dsn, routes...)
+	cfg.Kafka.Delivery = config.DeliveryExactlyOnce
+	cfg.Kafka.TransactionalID = cfg.Kafka.Group + "-" + id
+	return cfg
+}
+
+// deliveries are the delivery modes a test runs in.
+var deliveries = []string{config.DeliveryAtLeastOnce, config.DeliveryExactlyOnce}
+
+// inMode sets cfg's delivery mode (with a transactional id of its own in
+// exactly-once mode).
+func inMode(cfg config.Config, delivery string) config.Config {
+	cfg.Kafka.Delivery = delivery
+	if delivery == config.DeliveryExactlyOnce {
+		cfg.Kafka.TransactionalID = cfg.Kafka.Group + "-tx"
+	}
+	return cfg
+}
+
+// modeRoute is a route of the given mode (with its required settings) and
+// a dead-letter topic, on topics named after the service.
+func modeRoute(service, mode string) config.Route {
+	rt := route(service, "in."+service, "out."+service)
+	rt.DeadLetter = "dlq." + service
+	rt.Mode = mode
+	if mode == config.ModeWindow {
+		rt.Window = time.Hour
+	}
+	return rt
+}
+
+func modeTopics(services ...string) []string {
+	var ts []string
+	for _, s := range services {
+		ts = append(ts, "in."+s, "out."+s, "dlq."+s)
+	}
+	return ts
+}
+
+// The harness authenticates as a superuser; dam as its own user.
+const (
+	adminUser, adminPass = "admin", "admin-secret"
+	damUser, damPass     = "dam", "dam-secret"
+)
+
+// adminAuth is the harness's SASL login to a secured kfake.
+func adminAuth() kgo.Opt {
+	return kgo.SASL(scram.Auth{User: adminUser, Pass: adminPass}.AsSha256Mechanism())
+}
+
+// saslCluster starts kfake requiring SASL, with the harness's superuser,
+// dam's user for every mechanism, and the topics in and out.
+func saslCluster(t *testing.T, more ...kfake.Opt) *testkafka.Cluster {
+	t.Helper()
+	opts := []kfake.Opt{kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", adminUser, adminPass)}
+	for _, m := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
+		opts = append(opts, kfake.User(m, damUser, damPass))
+	}
+	return testkafka.NewWith(t, 2, []string{"in", "out"}, append(opts, more...), adminAuth())
+}
+
+// crash stops the pipeline the way a crash would leave Kafka and
+// PostgreSQL: with a short grace period, what could not be delivered is
+// abandoned (its records fail; nothing more is committed).
+func (r *running) crash() {
+	r.t.Helper()
+	r.cancel()
+	r.done = true
+	select {
+	case <-r.errc:
+	case <-time.After(60 * time.Second):
+		r.t.Fatalf("Run did not return within 60s of cancel")
+	}
+}
+
+// counter sums a counter's series with the given service label.
+func (r *running) counter(name, service string) float64 {
+	r.t.Helper()
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		r.t.Fatalf("gather: %v", err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "service" && l.GetValue() == service {
+					total += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return total
+}
+
+// startLogged is start with the pipeline's log also recorded in logs.
+func startLogged(t *testing.T, cfg config.Config, store *dedup.Store) (*running, *logLines) {
+	t.Helper()
+	validate(t, &cfg)
+	lines := &logLines{}
+	log := zaptest.NewLogger(t, zaptest.WrapOptions(zap.Hooks(func(e zapcore.Entry) error {
+		lines.add(e.Message)
+		return nil
+	})))
+	reg := prometheus.NewRegistry()
+	pl, err := pipeline.New(cfg, store, pipeline.WithLogger(log), pipeline.WithRegisterer(reg))
+	if err != nil {
+		t.Fatalf("pipeline.New: %v", err)
+	}
+	return run(t, pl, reg), lines
+}
+
+// logLines are the messages a pipeline logged.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) add(s string) {
+	l.mu.Lock()
+	l.lines = append(l.lines, s)
+	l.mu.Unlock()
+}
+
+func (l *logLines) has(sub string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.ContainsFunc(l.lines, func(s string) bool { return strings.Contains(s, sub) })
+}
+
+// startObserved starts a pipeline whose log the test reads.
+func startObserved(t *testing.T, cfg config.Config) (*running, *observer.ObservedLogs) {
+	t.Helper()
+	validate(t, &cfg)
+	core, logs := observer.New(zapcore.InfoLevel)
+	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core))
+	reg := prometheus.NewRegistry()
+	pl, err := pipeline.New(cfg, openStore(t, cfg.Postgres.DSN), pipeline.WithLogger(log), pipeline.WithRegisterer(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return run(t, pl, reg), logs
+}
+
+// one produces records to partition 0 of topic in one request (one record
+// batch: the pipeline fetches and decides them together).
+func one(t *testing.T, kc *testkafka.Cluster, topic string, recs ...*kgo.Record) {
+	t.Helper()
+	for _, r := range recs {
+		r.Partition = 0
+	}
+	produceTo(t, kc, topic, recs...)
+}
+
+// hrec builds an input record with headers given as name, value pairs.
+func hrec(key, value string, headers ...string) *kgo.Record {
+	r := rec(key, value)
+	for i := 0; i+1 < len(headers); i += 2 {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: headers[i], Value: []byte(headers[i+1])})
+	}
+	return r
+}
+
+// values returns the values of recs, marked "(dup)" when they carry the
+// shadow header.
+func values(recs []*kgo.Record) []string {
+	var vs []string
+	for _, r := range recs {
+		v := string(r.Value)
+		if headers(r)[pipeline.HeaderDuplicate] == "true" {
+			v += "(dup)"
+		}
+		vs = append(vs, v)
+	}
+	return vs
+}
+
+// keyed builds n records of partition part with keys prefix-0 ... prefix-n-1.
+func keyed(part int32, prefix string, n int) []*kgo.Record {
+	out := make([]*kgo.Record, n)
+	for i := range out {
+		out[i] = rec(fmt.Sprintf("%s-%d", prefix, i), fmt.Sprintf(`{"n":%d}`, i))
+		out[i].Partition = part
+	}
+	return out
+}
+
+// bigKeyed is a record whose value fits max_size but which, with a large
+// header, is larger than the output topic accepts. (A large key no longer
+// does: an entity above dedup.MaxEntityBytes is bad input.)
+func bigKeyed(valueBytes int) *kgo.Record {
+	r := rec("big", `"`+strings.Repeat("v", valueBytes-2)+`"`)
+	r.Headers = []kgo.RecordHeader{{Key: "h", Value: []byte(strings.Repeat("H", 70_000))}}
+	return r
+}
+
+func headers(r *kgo.Record) map[string]string {
+	h := map[string]string{}
+	for _, x := range r.Headers {
+		h[x.Key] = string(x.Value)
+	}
+	return h
+}
+
+// commitByHand commits offset for topic/0 as an operator would, while the
+// group is empty.
+func commitByHand(t *testing.T, kc *testkafka.Cluster, group, topic string, offset int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(kc.Client()).CommitOffsets(ctx, group, kadm.Offsets{topic: {0: {Topic: topic, Partition: 0, At: offset, LeaderEpoch: -1}}})
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("committing %s/0 at %d by hand: %v", topic, offset, err)
+	}
+}
+
+// waitCommitted waits until the group's committed offset of topic/part is
+// want.
+func waitCommitted(t *testing.T, kc *testkafka.Cluster, group, topic string, part int32, want int64) {
+	t.Helper()
+	adm := kadm.NewClient(kc.Client())
+	waitFor(t, fmt.Sprintf("committed offset %d on %s/%d", want, topic, part), func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		offs, err := adm.FetchOffsets(ctx, group)
+		if err != nil {
+			return false, err.Error()
+		}
+		o, ok := offs.Lookup(topic, part)
+		if !ok {
+			return false, "no commit"
+		}
+		return o.At == want, fmt.Sprintf("committed %d", o.At)
+	})
+}
+
+// waitProgress waits until P of partition part of topic reaches next.
+func waitProgress(t *testing.T, store *dedup.Store, cfg config.Config, topic string, part int32, next int64) {
+	t.Helper()
+	p := dedup.Partition{Group: cfg.Kafka.Group, Topic: topic, Partition: part}
+	waitFor(t, fmt.Sprintf("P of %s/%d at %d", topic, part, next), func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		prog, err := store.ReadProgress(ctx, p)
+		if err != nil {
+			return false, err.Error()
+		}
+		return prog.HasNext && prog.Next == next, fmt.Sprintf("P=%d (set %v)", prog.Next, prog.HasNext)
+	})
+}
+
+// waitModel waits until topic holds, for every key of want, the key's
+// values in want's order as their first occurrences (re-deliveries are
+// allowed: at-least-once), and ends on the last of them; then it checks that
+// nothing else was delivered.
+func waitModel(t *testing.T, kc *testkafka.Cluster, topic string, want map[string][]string) []*kgo.Record {
+	t.Helper()
+	var out []*kgo.Record
+	waitFor(t, fmt.Sprintf("%s to hold %v", topic, want), func() (bool, string) {
+		out = kc.ReadAll(topic)
+		firsts, last := map[string][]string{}, map[string]string{}
+		seen := map[string]bool{}
+		for _, r := range out {
+			x := kvOf(r)
+			last[x.Key] = x.Value
+			if !seen[x.String()] {
+				seen[x.String()] = true
+				firsts[x.Key] = append(firsts[x.Key], x.Value)
+			}
+		}
+		for k, vs := range want {
+			if !slices.Equal(firsts[k], vs) || last[k] != vs[len(vs)-1] {
+				return false, fmt.Sprintf("key %s: first deliveries %q, last %q; all: %s", k, firsts[k], last[k], dump(out))
+			}
+		}
+		for k := range firsts {
+			if _, ok := want[k]; !ok {
+				return false, fmt.Sprintf("unexpected key %s: %s", k, dump(out))
+			}
+		}
+		return true, ""
+	})
+	return out
+}
+
+// waitDelivered waits until "out" holds the n records keyed prefix-0 ...
+// prefix-n-1.
+func waitDelivered(t *testing.T, kc *testkafka.Cluster, prefix string, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d records %s-* delivered", n, prefix), func() (bool, string) {
+		got := byKey(kc.ReadAll("out"))
+		k := 0
+		for i := range n {
+			if got[fmt.Sprintf("%s-%d", prefix, i)] != nil {
+				k++
+			}
+		}
+		return k == n, fmt.Sprintf("%d of %d delivered", k, n)
+	})
+}
+
+// exactly checks that topic, read read_committed, holds each key's model
+// values exactly once each, in order: no loss, no duplicate.
+func exactly(t *testing.T, kc *testkafka.Cluster, topic string, want map[string][]string) {
+	t.Helper()
+	n := 0
+	for _, vs := range want {
+		n += len(vs)
+	}
+	out := waitOutput(t, kc, topic, n)
+	got := byKey(out)
+	for k, vs := range want {
+		if !slices.Equal(got[k], vs) {
+			t.Errorf("key %s: delivered %q, want exactly %q", k, got[k], vs)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d keys delivered, want %d", len(got), len(want))
+	}
 }

@@ -22,19 +22,6 @@ import (
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// deliveries are the delivery modes a test runs in.
-var deliveries = []string{config.DeliveryAtLeastOnce, config.DeliveryExactlyOnce}
-
-// inMode sets cfg's delivery mode (with a transactional id of its own in
-// exactly-once mode).
-func inMode(cfg config.Config, delivery string) config.Config {
-	cfg.Kafka.Delivery = delivery
-	if delivery == config.DeliveryExactlyOnce {
-		cfg.Kafka.TransactionalID = cfg.Kafka.Group + "-tx"
-	}
-	return cfg
-}
-
 // Poison records (issue 18, items 10 to 12), each written by any producer:
 // an identity longer than the store can index (a key, an Idempotency-Key
 // header, a pointer value, an entity header), forged dam-* headers, and a

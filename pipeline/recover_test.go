@@ -11,23 +11,12 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
-
-// one produces records to partition 0 of topic in one request (one record
-// batch: the pipeline fetches and decides them together).
-func one(t *testing.T, kc *testkafka.Cluster, topic string, recs ...*kgo.Record) {
-	t.Helper()
-	for _, r := range recs {
-		r.Partition = 0
-	}
-	produceTo(t, kc, topic, recs...)
-}
 
 // Finding 1: batches forwarded undecided while PostgreSQL was down
 // (on_store_failure: forward) are written back with their decision log, so
