@@ -4,14 +4,9 @@ package pipeline_test
 // dedup/citus_test.go).
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,78 +15,6 @@ import (
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 )
-
-// commitPreparedDropper stands between the Citus coordinator and one
-// worker: once armed, the next COMMIT PREPARED the coordinator sends never
-// reaches the worker, and the connection is dropped, as when the worker
-// crashes (or the network fails) between the two phases of a commit. The
-// coordinator has committed: it warns and answers the client's COMMIT with
-// success; the worker keeps the transaction prepared, its rows locked and
-// its changes invisible, until Citus's recovery of prepared transactions
-// commits it.
-type commitPreparedDropper struct {
-	ln      net.Listener
-	target  string
-	armed   atomic.Bool
-	dropped chan struct{}
-	once    sync.Once
-}
-
-func newCommitPreparedDropper(t *testing.T, target string) *commitPreparedDropper {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &commitPreparedDropper{ln: ln, target: target, dropped: make(chan struct{})}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d.serve(c)
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
-	return d
-}
-
-func (d *commitPreparedDropper) serve(c net.Conn) {
-	defer c.Close()
-	up, err := net.Dial("tcp", d.target)
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	go func() {
-		_, _ = io.Copy(c, up)
-		c.Close()
-	}()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := c.Read(buf)
-		if n > 0 {
-			if bytes.Contains(buf[:n], []byte("COMMIT PREPARED")) && d.armed.CompareAndSwap(true, false) {
-				d.once.Do(func() { close(d.dropped) })
-				return // never delivered; both connections closed
-			}
-			if _, werr := up.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
 
 func citusAdmin(t *testing.T, sql ...string) { t.Helper(); pgtest.Admin(t, sql...) }
 

@@ -3,14 +3,12 @@ package pipeline_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/dam-dedup/dam/config"
@@ -19,44 +17,6 @@ import (
 	"github.com/dam-dedup/dam/internal/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
-
-// txnCommits records every offset a transaction commits, per topic and
-// partition, as the broker receives it.
-type txnCommits struct {
-	mu   sync.Mutex
-	seen map[string][]int64 // "topic/partition" -> offsets, in order
-}
-
-func watchTxnCommits(kc *testkafka.Cluster) *txnCommits {
-	c := &txnCommits{seen: map[string][]int64{}}
-	kc.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kc.KeepControl()
-		r := req.(*kmsg.TxnOffsetCommitRequest)
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, t := range r.Topics {
-			for _, p := range t.Partitions {
-				k := fmt.Sprintf("%s/%d", t.Topic, p.Partition)
-				c.seen[k] = append(c.seen[k], p.Offset)
-			}
-		}
-		return nil, nil, false
-	})
-	return c
-}
-
-// since returns the offsets committed for tp from the i-th on.
-func (c *txnCommits) since(tp string, i int) []int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]int64(nil), c.seen[tp][min(i, len(c.seen[tp])):]...)
-}
-
-func (c *txnCommits) count(tp string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.seen[tp])
-}
 
 // Issue 18, items 1 and 2: exactly-once with Kafka's committed offset C
 // moved ahead of P by hand (P=10, C=22), in rounds of five records. The
@@ -187,27 +147,6 @@ func TestExactlyOnceReplayKeepsOwedEntity(t *testing.T) {
 	exactly(t, kc, "out", map[string][]string{"k0": {`"Z"`}, "k1": {`"A"`}, "k2": {`"B"`}, "k3": {`"C"`}, "k9": {`"-"`}})
 	r.stop()
 }
-
-// failAcquire makes the store refuse every Acquire of the partitions of
-// group (a permanent error, as a broken grant or schema would be).
-func failAcquire(t *testing.T, dsn, group string) { failAcquireWith(t, dsn, group, "P0001") }
-
-// failAcquireWith makes the store refuse every Acquire of group's
-// partitions with SQLSTATE code: a permanent refusal (P0001, a person must
-// look, on either engine), or a transient one that recovery retries.
-func failAcquireWith(t *testing.T, dsn, group, code string) {
-	t.Helper()
-	createTrigger(t, openStore(t, dsn), fmt.Sprintf(`CREATE FUNCTION refuse_acquire() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.grp = %s AND NEW.epoch > OLD.epoch THEN
-				RAISE EXCEPTION 'acquire refused for the test' USING ERRCODE = %s;
-			END IF;
-			RETURN NEW;
-		END $$`, quoteLiteral(group), quoteLiteral(code)),
-		`CREATE TRIGGER refuse_acquire BEFORE UPDATE ON progress FOR EACH ROW EXECUTE FUNCTION refuse_acquire()`)
-}
-
-func quoteLiteral(s string) string { return "'" + s + "'" }
 
 // Issue 18, item 6: a partition fenced while this member holds it, whose
 // recovery then fails, stays assigned halted (not without a worker), and no

@@ -4,16 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
@@ -157,60 +153,6 @@ func TestLongIdentityHaltsWithoutDeadLetter(t *testing.T) {
 	}
 }
 
-// storeRefuses makes the store itself refuse to write the state of entity
-// poison (a data exception, as an index row too large was), the way a
-// record that passed dam's own checks could still be refused.
-func storeRefuses(t *testing.T, dsn string) {
-	t.Helper()
-	createTrigger(t, openStore(t, dsn), `CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.entity = 'poison'::bytea THEN
-				RAISE EXCEPTION 'value refused for the test' USING ERRCODE = '22023';
-			END IF;
-			RETURN NEW;
-		END $$`,
-		`CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON state FOR EACH ROW EXECUTE FUNCTION refuse_poison()`)
-}
-
-// createTrigger creates a trigger function and its trigger on st's
-// schema, on Citus too: Citus refuses triggers on distributed tables
-// unless citus.enable_unsafe_triggers is on (it then creates them on every
-// shard), and propagates a new function to the workers with the text of
-// the query that created it, so each statement is a query of its own. On
-// plain PostgreSQL the setting is a placeholder nothing reads.
-func createTrigger(t *testing.T, st *dedup.Store, function, trigger string) {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := st.Pool().Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	for _, sql := range []string{`SET citus.enable_unsafe_triggers TO on`, function, trigger, `RESET citus.enable_unsafe_triggers`} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// dropTrigger drops a trigger createTrigger made, on Citus too (with the
-// same setting: Citus refuses DDL on a distributed table's triggers
-// without it).
-func dropTrigger(t *testing.T, st *dedup.Store, trigger string) {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := st.Pool().Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	for _, sql := range []string{`SET citus.enable_unsafe_triggers TO on`, trigger, `RESET citus.enable_unsafe_triggers`} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // No error of the store about one record halts a partition that has a
 // dead-letter topic (issue 18, item 10): the batch is decided again one
 // record at a time, the record the store refuses alone is dead-lettered
@@ -285,51 +227,6 @@ func TestStoreRefusesOneRecord(t *testing.T) {
 
 // keep kgo imported for the helpers above.
 var _ = kgo.Record{}
-
-// refuseProduce makes the broker refuse every produce to each topic of
-// codes, for good (a non-retriable error code per partition), while on.
-func refuseProduce(t *testing.T, kc *testkafka.Cluster, codes map[string]int16) *atomic.Bool {
-	t.Helper()
-	on := &atomic.Bool{}
-	ids := map[[16]byte]string{}
-	td, err := kadm.NewClient(kc.Client()).ListTopics(context.Background(), slices.Collect(maps.Keys(codes))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range td {
-		ids[d.ID] = d.Topic
-	}
-	kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kc.KeepControl()
-		if !on.Load() {
-			return nil, nil, false
-		}
-		preq := req.(*kmsg.ProduceRequest)
-		refused := false
-		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
-		for _, pt := range preq.Topics {
-			name := pt.Topic
-			if name == "" {
-				name = ids[pt.TopicID]
-			}
-			code, ok := codes[name]
-			if !ok {
-				return nil, nil, false // a request mixing topics: let it through
-			}
-			refused = true
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic, rt.TopicID = pt.Topic, pt.TopicID
-			for _, p := range pt.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition, rp.ErrorCode = p.Partition, code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, refused
-	})
-	return on
-}
 
 // A record Kafka refuses for good, whose dead letter (without the value)
 // Kafka refuses too, halts its partition with an error saying so, in both

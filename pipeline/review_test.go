@@ -34,35 +34,6 @@ import (
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// failNextTxnOffsetCommit makes the broker answer the next
-// TxnOffsetCommit with an abortable error on every partition
-// (UNKNOWN_SERVER_ERROR: franz-go's End aborts the transaction and
-// reports it not committed), after running then (nil: nothing).
-func failNextTxnOffsetCommit(kc *testkafka.Cluster, then func()) <-chan struct{} {
-	done := make(chan struct{})
-	kc.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		r := req.(*kmsg.TxnOffsetCommitRequest)
-		resp := r.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-		for _, t := range r.Topics {
-			rt := kmsg.NewTxnOffsetCommitResponseTopic()
-			rt.Topic, rt.TopicID = t.Topic, t.TopicID
-			for _, p := range t.Partitions {
-				rp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-				rp.Partition = p.Partition
-				rp.ErrorCode = kerr.UnknownServerError.Code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		if then != nil {
-			then()
-		}
-		close(done)
-		return resp, nil, true
-	})
-	return done
-}
-
 // BREAK 1 (stall: shutdown outlives shutdown_grace; issue 18 item 4).
 //
 // docs/delivery.md: "A shutdown ends within pipeline.shutdown_grace in
@@ -420,42 +391,6 @@ func TestBreakHeldReplayRewoundByAnotherPartitionsAbort(t *testing.T) {
 		}
 	}
 	r.stop()
-}
-
-// faultFetchPast makes the broker answer fetches of topic/part from an
-// offset above past with NOT_LEADER_FOR_PARTITION (franz-go keeps its
-// cursor and retries) until the handle is removed; the channel gets a
-// value at the first such fetch.
-func faultFetchPast(t *testing.T, kc *testkafka.Cluster, topic string, part int32, past int64) (*kfake.FaultHandle, <-chan struct{}) {
-	t.Helper()
-	td, err := kadm.NewClient(kc.Client()).ListTopics(context.Background(), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := td[topic].ID
-	seen := make(chan struct{}, 1)
-	h := kc.Fault(kfake.Fault{
-		Keys: []kmsg.Key{kmsg.Fetch}, Topic: topic, TopicID: id, Partitions: []int32{part}, Count: -1,
-		Err: kerr.NotLeaderForPartition,
-		When: func(req kmsg.Request) bool {
-			for _, ft := range req.(*kmsg.FetchRequest).Topics {
-				if ft.Topic != topic && ft.TopicID != id {
-					continue
-				}
-				for _, p := range ft.Partitions {
-					if p.Partition == part && p.FetchOffset > past {
-						select {
-						case seen <- struct{}{}:
-						default:
-						}
-						return true
-					}
-				}
-			}
-			return false
-		},
-	})
-	return h, seen
 }
 
 // BREAK 6 (loss, exactly-once mode): the same rewind as BREAK 5, on a
