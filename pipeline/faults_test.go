@@ -83,6 +83,8 @@ func newProduceGate(t *testing.T, kc *testkafka.Cluster, topics ...string) *prod
 	return g
 }
 
+// close refuses the produce requests of every producer; open lets them
+// through again.
 func (g *produceGate) close() { g.only.Store(0); g.closed.Store(true) }
 func (g *produceGate) open()  { g.closed.Store(false) }
 
@@ -113,12 +115,15 @@ type lossyListener struct {
 	f *lossyFaults
 }
 
-// lossyFaults is shared by the listeners of a cluster's brokers.
+// lossyFaults loses the reply to a Kafka request the broker handled: it is
+// shared by the listeners of a cluster's brokers (kfake.ListenFn(listen)),
+// and armed with loseNext.
 type lossyFaults struct {
 	armed atomic.Int32 // the kmsg.Key to lose the reply of, +1; 0: none
 	lost  atomic.Int32 // replies lost
 }
 
+// loseNext loses the reply to the next request of kind key, on any broker.
 func (f *lossyFaults) loseNext(key kmsg.Key) { f.armed.Store(int32(key) + 1) }
 
 // listen is a kfake.ListenFn whose listeners lose replies as armed.
@@ -130,6 +135,7 @@ func (f *lossyFaults) listen(network, addr string) (net.Listener, error) {
 	return &lossyListener{Listener: ln, f: f}, nil
 }
 
+// Accept wraps each connection in a lossyConn.
 func (l *lossyListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
@@ -138,6 +144,9 @@ func (l *lossyListener) Accept() (net.Conn, error) {
 	return &lossyConn{Conn: c, l: l.f, drop: map[int32]bool{}}, nil
 }
 
+// lossyConn is a broker's connection that spots the armed request among
+// those it reads and drops its reply, closing the connection, instead of
+// writing it.
 type lossyConn struct {
 	net.Conn
 	l    *lossyFaults
@@ -147,6 +156,8 @@ type lossyConn struct {
 	drop map[int32]bool
 }
 
+// Read passes requests through, noting the correlation id of the armed
+// one.
 func (c *lossyConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	c.mu.Lock()
@@ -169,6 +180,8 @@ func (c *lossyConn) Read(b []byte) (int, error) {
 	return n, err
 }
 
+// Write passes whole replies through, but for the one to drop, where it
+// closes the connection.
 func (c *lossyConn) Write(b []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -309,6 +322,9 @@ type txnCommits struct {
 	seen map[string][]int64 // "topic/partition" -> offsets, in order
 }
 
+// watchTxnCommits records the broker's TxnOffsetCommit requests, which it
+// lets through untouched: no fault, the witness the exactly-once tests
+// check their faults against.
 func watchTxnCommits(kc *testkafka.Cluster) *txnCommits {
 	c := &txnCommits{seen: map[string][]int64{}}
 	kc.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
@@ -334,6 +350,7 @@ func (c *txnCommits) since(tp string, i int) []int64 {
 	return append([]int64(nil), c.seen[tp][min(i, len(c.seen[tp])):]...)
 }
 
+// count returns how many offsets were committed for tp.
 func (c *txnCommits) count(tp string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -352,6 +369,7 @@ func pgProxy(t *testing.T) (*tcpproxy.Proxy, string, string) {
 	return proxy, withParam(rewrite(proxy.Addr()), "default_query_exec_mode", "exec"), direct
 }
 
+// withParam adds the parameter k=v to dsn.
 func withParam(dsn, k, v string) string {
 	sep := "?"
 	if strings.Contains(dsn, "?") {
@@ -361,7 +379,7 @@ func withParam(dsn, k, v string) string {
 }
 
 // storeRefuses makes the store itself refuse to write the state of entity
-// poison (a data exception, as an index row too large was), the way a
+// poison (a data exception, as an index row too large is), the way a
 // record that passed dam's own checks could still be refused.
 func storeRefuses(t *testing.T, dsn string) {
 	t.Helper()
@@ -433,6 +451,7 @@ func failAcquireWith(t *testing.T, dsn, group, code string) {
 		`CREATE TRIGGER refuse_acquire BEFORE UPDATE ON progress FOR EACH ROW EXECUTE FUNCTION refuse_acquire()`)
 }
 
+// quoteLiteral quotes s as an SQL string literal (s holds no quote).
 func quoteLiteral(s string) string { return "'" + s + "'" }
 
 // loseWorker makes the first n writes to table, from now on, fail as a
@@ -470,6 +489,9 @@ type commitPreparedDropper struct {
 	once    sync.Once
 }
 
+// newCommitPreparedDropper listens on a port of its own and relays each
+// connection to target (a Citus worker), until the test ends; it drops
+// nothing until armed.
 func newCommitPreparedDropper(t *testing.T, target string) *commitPreparedDropper {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -497,6 +519,8 @@ func newCommitPreparedDropper(t *testing.T, target string) *commitPreparedDroppe
 	return d
 }
 
+// serve relays one connection of the coordinator to the worker, and drops
+// it at the armed COMMIT PREPARED.
 func (d *commitPreparedDropper) serve(c net.Conn) {
 	defer c.Close()
 	up, err := net.Dial("tcp", d.target)
