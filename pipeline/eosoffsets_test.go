@@ -3,12 +3,17 @@ package pipeline_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/dam-dedup/dam/config"
@@ -191,34 +196,241 @@ func TestExactlyOnceFailedRecoveryCommitsNothing(t *testing.T) {
 	r.stop()
 }
 
-// A shutdown ends a recovery of fenced partitions (run again when the
-// group settles) that retries a transient refusal of the store: the group's
-// callback running it has the client's context, which lives until Run has
-// returned, so Run waited for the store for good.
-func TestShutdownDuringReRecoveryRetries(t *testing.T) {
+var _ = config.DeliveryExactlyOnce
+
+// BREAK 5 (duplicate in exactly-once mode: a forward delivered twice to
+// read_committed readers).
+//
+// franz-go's GroupTransactSession keeps its own idea of the committed
+// offsets: after a committed End it sets them to every offset polled
+// (setOffsets(postcommit)), after an aborted one it rewinds every
+// partition whose polled head differs from that idea to it
+// (setOffsets(currentCommit)): the fetch cursor moves back and what is
+// buffered is dropped. dam's worker knows nothing of that rewind unless
+// the partition was in the aborted round (then it is planned again).
+//
+// A partition holding a replay (w.plan.replay, its jobs held in w.eos.round
+// until the replay is complete) is polled in a round that ends without
+// any End (round: "Only held replays and catch-up: nothing to deliver or
+// commit"), so franz-go's polled head for it moves past its idea of the
+// committed offset. The next round holds only another partition and
+// aborts (here: its TxnOffsetCommit fails; a decide error or a halt does
+// the same through uncommitted's End(TryAbort)). franz-go rewinds the
+// replaying partition to C and it reads [C, ...) again, while its worker
+// still holds the replay's state: rp.log has been consumed past those
+// offsets, so each re-read record is taken for one the log does not name
+// and goes through replay()'s other branches: on a shadow route it is
+// delivered again (marked dam-duplicate), with its first copy still in
+// the held jobs; both copies are committed in the replay's transaction.
+// (On a route without shadow, the same re-read makes owes() deliver an
+// older record of an owed entity as its owed content and forget the debt:
+// the entity's last content is never delivered.)
+//
+// Determinism: one record batch per fetch (FetchMaxPartitionBytes(1),
+// records produced one batch each), fetch sessions off, and a kfake fault
+// that answers in/0's fetches past C with NOT_LEADER_FOR_PARTITION while
+// the other partition's round aborts.
+// Code: pipeline/transact.go round (the no-End return for held replays;
+// uncommitted replans only the round's parts), decideRound/replay (held
+// state kept across rounds), franz-go txn.go End (setOffsets).
+func TestExactlyOnceRewoundHeldReplayDeliversOnce(t *testing.T) {
 	t.Parallel()
-	kc := testkafka.New(t, 1, "in", "out")
+	kc := testkafka.New(t, 2, "in", "out")
 	dsn := pgtest.DSN(t)
-	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
-	cfg.Pipeline.ShutdownGrace = 3 * time.Second
-	cfg.Pipeline.RetryMax = 200 * time.Millisecond
-	inspect := openStore(t, dsn)
-	r := start(t, cfg, openStore(t, dsn))
-	one(t, kc, "in", rec("k1", `"A"`))
-	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`}})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := inspect.Acquire(ctx, dedup.Partition{Group: cfg.Kafka.Group, Topic: "in", Partition: 0}); err != nil {
+	rt := route("svc", "in", "out")
+	rt.Shadow = true
+	cfg := eosConfig(t, kc, dsn, "a", rt)
+	cfg.Pipeline.ShutdownGrace = 2 * time.Second
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	one(t, kc, "in", rec("k0", `0`))
+	exactly(t, kc, "out", map[string][]string{"k0": {`0`}})
+	waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+	r.stop()
+
+	// in/0: [1, 4) decided and logged, not delivered (C = 1, P = 4).
+	gate := newProduceGate(t, kc, "out")
+	one(t, kc, "in", rec("k1", `1`))
+	one(t, kc, "in", rec("k2", `1`))
+	one(t, kc, "in", rec("k3", `1`))
+	gate.close()
+	r = start(t, cfg, store)
+	waitProgress(t, store, cfg, "in", 0, 4)
+	r.crash()
+	gate.open()
+
+	// The replay of [1, 4) reads one record per fetch; after the first,
+	// in/0's fetches fail until the other partition's round has aborted.
+	td, err := kadm.NewClient(kc.Client()).ListTopics(context.Background(), "in")
+	if err != nil {
 		t.Fatal(err)
 	}
-	failAcquireWith(t, dsn, cfg.Kafka.Group, "40001") // serialization_failure: retried
-	one(t, kc, "in", rec("k1", `"B"`))
-	time.Sleep(3 * time.Second) // fenced, then recovered again: retrying
-	began := time.Now()
-	r.stop()
-	if took := time.Since(began); took > cfg.Pipeline.ShutdownGrace+time.Second {
-		t.Errorf("shutdown took %s while a recovery retried, above shutdown_grace %s", took, cfg.Pipeline.ShutdownGrace)
+	inID := td["in"].ID
+	heldOne := make(chan struct{}, 1)
+	fault := kc.Fault(kfake.Fault{
+		Keys: []kmsg.Key{kmsg.Fetch}, Topic: "in", TopicID: inID, Partitions: []int32{0}, Count: -1,
+		Err: kerr.NotLeaderForPartition,
+		When: func(req kmsg.Request) bool {
+			for _, t := range req.(*kmsg.FetchRequest).Topics {
+				if t.Topic != "in" && t.TopicID != inID {
+					continue
+				}
+				for _, p := range t.Partitions {
+					if p.Partition == 0 && p.FetchOffset > 1 {
+						select {
+						case heldOne <- struct{}{}:
+						default:
+						}
+						return true
+					}
+				}
+			}
+			return false
+		},
+	})
+	validate(t, &cfg)
+	reg := prometheus.NewRegistry()
+	pl, err := pipeline.New(cfg, store, pipeline.WithLogger(zaptest.NewLogger(t)), pipeline.WithRegisterer(reg),
+		pipeline.WithKafkaOptions(kgo.FetchMaxPartitionBytes(1), kgo.DisableFetchSessions()))
+	if err != nil {
+		t.Fatal(err)
 	}
+	r = run(t, pl, reg)
+	select {
+	case <-heldOne: // in/0's offset 1 was polled (its replay holds it)
+	case <-time.After(waitTimeout):
+		t.Fatal("in/0 was never fetched past offset 1")
+	}
+	time.Sleep(500 * time.Millisecond)
+	aborted := failNextTxnOffsetCommit(kc, nil)
+	produceTo(t, kc, "in", &kgo.Record{Partition: 1, Key: []byte("b1"), Value: []byte(`1`)})
+	select {
+	case <-aborted:
+	case <-time.After(waitTimeout):
+		t.Fatal("in/1's round never came")
+	}
+	time.Sleep(500 * time.Millisecond)
+	fault.Remove()
+
+	want := map[string][]string{"k0": {`0`}, "k1": {`1`}, "k2": {`1`}, "k3": {`1`}, "b1": {`1`}}
+	waitFor(t, "every record delivered", func() (bool, string) {
+		got := byKey(kc.ReadAll("out"))
+		for k := range want {
+			if got[k] == nil {
+				return false, fmt.Sprint(got)
+			}
+		}
+		return true, ""
+	})
+	time.Sleep(2 * time.Second) // anything more the replay delivers
+	out := kc.ReadAll("out")
+	got := byKey(out)
+	for k, vs := range want {
+		if len(got[k]) != len(vs) {
+			t.Errorf("%s delivered %d times to read_committed readers, want %d: %s", k, len(got[k]), len(vs), dump(out))
+		}
+	}
+	r.stop()
 }
 
-var _ = config.DeliveryExactlyOnce
+// BREAK 6 (loss, exactly-once mode): the same rewind as BREAK 5, on a
+// route without shadow, where the replay owes an entity. The input is
+// compacted and the entity is a JSON pointer (/id), so Kafka keys and
+// entities differ:
+//
+//	o1 key a {"id":"e","v":1}  forwarded, logged
+//	o2 key b {"id":"e","v":2}  forwarded, logged; compacted away (o4)
+//	o3 key c {"id":"f","v":1}  forwarded, logged
+//	o4 key b {"id":"e","v":2}  o2's duplicate, not logged
+//	o5 key z {"id":"z","v":1}  forwarded (keeps o4 out of the last batch)
+//
+// None of o1-o5 was delivered (C = 1, P = 6). The replay reads o1
+// (delivers e v1), then o3: skipTo passes the unreadable o2, so e is owed
+// and o4, e's next readable record, must be delivered for it. Both rounds
+// hold the replay and end without End. Another partition's round aborts:
+// franz-go rewinds in/0 to 1. The replay reads o1 again: the log no longer
+// names offset 1 (consumed), so owes() takes it as e's next readable
+// record and delivers o1 (v1) again as the owed content, and forgets the
+// debt; o4 is then a plain duplicate. The adapter gets e v1 twice and
+// never v2 (the content the store holds for e: its next v2 is dropped as
+// a duplicate too). A forward is lost for good, and one delivered twice.
+// Code: as BREAK 5, and pipeline/recover.go replay/owes (a record below
+// the replay's read position taken as the owed entity's next record).
+func TestExactlyOnceRewoundHeldReplayKeepsOwedEntity(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 2, "out")
+	kc.CreateTopic("in", 2, "cleanup.policy", "compact")
+	dsn := pgtest.DSN(t)
+	rt := route("svc", "in", "out")
+	rt.Entity = "/id"
+	cfg := eosConfig(t, kc, dsn, "a", rt)
+	cfg.Pipeline.ShutdownGrace = 2 * time.Second
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	one(t, kc, "in", rec("k0", `{"id":"k0","v":0}`))
+	exactly(t, kc, "out", map[string][]string{"k0": {`{"id":"k0","v":0}`}})
+	waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+	r.stop()
+
+	gate := newProduceGate(t, kc, "out")
+	one(t, kc, "in", rec("a", `{"id":"e","v":1}`))
+	one(t, kc, "in", rec("b", `{"id":"e","v":2}`))
+	one(t, kc, "in", rec("c", `{"id":"f","v":1}`))
+	one(t, kc, "in", rec("b", `{"id":"e","v":2}`))
+	one(t, kc, "in", rec("z", `{"id":"z","v":1}`))
+	gate.close()
+	r = start(t, cfg, store)
+	waitProgress(t, store, cfg, "in", 0, 6)
+	r.crash()
+	gate.open()
+	kc.Compact()
+	if got := kc.ReadAll("in"); len(got) != 5 || got[2].Offset != 3 {
+		t.Fatalf("after compaction the input holds %s; want offsets 0, 1, 3, 4, 5", dump(got))
+	}
+
+	// One record batch per fetch; in/0's fetches past offset 3 (o1, o3
+	// read) fail until the other partition's round has aborted.
+	fault, past := faultFetchPast(t, kc, "in", 0, 3)
+	validate(t, &cfg)
+	reg := prometheus.NewRegistry()
+	pl, err := pipeline.New(cfg, store, pipeline.WithLogger(zaptest.NewLogger(t)), pipeline.WithRegisterer(reg),
+		pipeline.WithKafkaOptions(kgo.FetchMaxPartitionBytes(1), kgo.DisableFetchSessions()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, pl, reg)
+	select {
+	case <-past:
+	case <-time.After(waitTimeout):
+		t.Fatal("in/0 was never fetched past offset 3")
+	}
+	time.Sleep(500 * time.Millisecond)
+	aborted := failNextTxnOffsetCommit(kc, nil)
+	produceTo(t, kc, "in", &kgo.Record{Partition: 1, Key: []byte("p1"), Value: []byte(`{"id":"p1","v":1}`)})
+	select {
+	case <-aborted:
+	case <-time.After(waitTimeout):
+		t.Fatal("in/1's round never came")
+	}
+	time.Sleep(500 * time.Millisecond)
+	fault.Remove()
+
+	waitFor(t, "the replay delivered", func() (bool, string) {
+		got := byKey(kc.ReadAll("out"))
+		return got["z"] != nil && got["p1"] != nil, fmt.Sprint(got)
+	})
+	time.Sleep(2 * time.Second)
+	var e []string
+	for _, o := range kc.ReadAll("out") {
+		if v := string(o.Value); strings.Contains(v, `"id":"e"`) {
+			e = append(e, v)
+		}
+	}
+	if len(e) == 0 || e[len(e)-1] != `{"id":"e","v":2}` {
+		t.Errorf("entity e: delivered %q; its last forwarded content v2 never reached the adapter", e)
+	}
+	if len(e) > 2 {
+		t.Errorf("entity e: delivered %d times, want v1 and v2 once each", len(e))
+	}
+	r.stop()
+}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -259,4 +260,123 @@ func TestRefusedDeadLetterHalts(t *testing.T) {
 			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
 		})
 	}
+}
+
+// hugeKey is a record whose key is just under the input topic's
+// max.message.bytes at Kafka's default (1,048,588 bytes): 61 + 3 + (3 + 3
+// + K + 2 + 1) = K + 73 = 1,048,473 bytes in a batch of its own. Any
+// producer can write it. Its key is longer than dedup.MaxEntityBytes:
+// bad input, to be dead-lettered.
+func hugeKey() *kgo.Record {
+	return &kgo.Record{Key: []byte(strings.Repeat("k", 1_048_400)), Value: []byte(`1`)}
+}
+
+// produceBig produces recs to topic/partition one at a time, with a
+// producer that takes records up to Kafka's default limit.
+func produceBig(t *testing.T, kc *testkafka.Cluster, topic string, part int32, recs ...*kgo.Record) {
+	t.Helper()
+	cl := kc.Client(kgo.ProducerBatchMaxBytes(1048588), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	for _, r := range recs {
+		r.Topic, r.Partition = topic, part
+		if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+			t.Fatalf("produce: %v", err)
+		}
+	}
+}
+
+// BREAK 3 (stall: a halt of a partition that has a dead-letter topic,
+// caused by one hostile record; at-least-once mode). DESIGN §2: "A record
+// Kafka refuses for good: dead letter without its value ..., or a halt of
+// that partition alone when the route has no dead-letter topic"; docs:
+// identities longer than 1 KiB are bad input, dead-lettered.
+//
+// The record's dead letter is the record plus dam's headers: larger than
+// the dead-letter topic accepts (same default limit as the input).
+// precheck replaces it with the refused letter, which drops the 1-byte
+// value but keeps the 1 MB key (route.refusedLetter) and adds a longer
+// dam-error: still too large, and precheck does not check a refused
+// letter again (o.outcome == outcomeRefused). The broker refuses it;
+// produce() -> refuse() returns false for an outcomeRefused record, so
+// the job is stuck and the partition halts with "Kafka refused the record
+// for good and route svc has no dead_letter topic", although it has one.
+// A restart halts there again: one record from any producer stops the
+// partition for good.
+// Code: pipeline/route.go refusedLetter (keeps r.Key); pipeline/deliver.go
+// precheck (skips outcomeRefused) and refuse.
+func TestHugeKeyDeadLettered(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out", "dlq")
+	dsn := pgtest.DSN(t)
+	rt := route("svc", "in", "out")
+	rt.DeadLetter = "dlq"
+	cfg := testConfig(t, kc, dsn, rt)
+	r := start(t, cfg, openStore(t, dsn))
+	produceBig(t, kc, "in", 0, rec("a", `1`), hugeKey(), rec("b", `1`))
+	var last error
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if last = r.pl.Ready(); errors.Is(last, pipeline.ErrHalted) || len(kc.ReadAll("out")) == 2 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if last != nil {
+		t.Errorf("one record halts a partition that has a dead-letter topic: %s", short(last.Error(), 300))
+	}
+	if out := kc.ReadAll("out"); len(out) != 2 {
+		t.Errorf("delivered %s; want a and b (the huge key dead-lettered)", dump(out))
+	}
+	r.stop()
+}
+
+// BREAK 4 (stall of every partition of the instance, without a halt;
+// exactly-once mode). Same hostile record as BREAK 3.
+//
+// In a round, precheck turns the too-large dead letter into the refused
+// letter and, as above, never checks that again. The broker refuses it;
+// the round's produce callback only records refusedAt[offset] and fails
+// the round: abort, replan, replay. The replay's precheck finds
+// refusedAt[offset], replaces the dead letter by the same refused letter
+// (and skips it, outcomeRefused), the broker refuses it again: abort. For
+// ever, with backoff: nothing is ever halted (Ready says "produce to dlq"
+// as a pause), nothing of the partition is delivered again, not even the
+// records before the hostile one; and since one transaction carries every
+// partition of the round, another partition's records abort with it
+// whenever they share a round (they get through in the rounds between:
+// in/1 is checked to show it is in/0 alone that stalls).
+// Code: pipeline/transact.go round (Produce callback: refusedAt, never
+// j.stuck for a refused letter), pipeline/deliver.go precheck.
+func TestHugeKeyDeadLetteredExactlyOnce(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 2, "in", "out", "dlq")
+	dsn := pgtest.DSN(t)
+	rt := route("svc", "in", "out")
+	rt.DeadLetter = "dlq"
+	cfg := eosConfig(t, kc, dsn, "a", rt)
+	r := start(t, cfg, openStore(t, dsn))
+	produceBig(t, kc, "in", 0, rec("a", `1`), hugeKey(), rec("b", `1`))
+	time.Sleep(2 * time.Second)
+	for i := range 10 {
+		produceTo(t, kc, "in", &kgo.Record{Partition: 1, Key: []byte(fmt.Sprintf("p1-%d", i)), Value: []byte(`1`)})
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(10 * time.Second)
+	out := byKey(kc.ReadAll("out"))
+	p1 := 0
+	for k := range out {
+		if strings.HasPrefix(k, "p1-") {
+			p1++
+		}
+	}
+	err := r.pl.Ready()
+	if out["a"] == nil || out["b"] == nil || len(kc.ReadAll("dlq")) != 1 {
+		t.Errorf("in/0 stalls on the hostile record: delivered a=%q b=%q, %d dead letters; Ready: %s", out["a"], out["b"], len(kc.ReadAll("dlq")), short(fmt.Sprint(err), 300))
+	}
+	if p1 != 10 {
+		t.Errorf("in/1 (no hostile record) delivered %d of 10 records", p1)
+	}
+	if n := r.counter("dam_delivery_errors_total", "svc"); n > 3 {
+		t.Errorf("%v aborted rounds in 12 s: an endless abort loop, never a halt", n)
+	}
+	r.stop()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
@@ -536,6 +537,97 @@ func TestLogPrunedBelowCommitted(t *testing.T) {
 				err := store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM decision_log WHERE end_offset <= 2`).Scan(&n)
 				return err == nil && n == 0, fmt.Sprint(n, err)
 			})
+			r.stop()
+		})
+	}
+}
+
+// BREAK 7 (duplicate in exactly-once mode, beyond the in-flight bound in
+// at-least-once mode): offsets moved back by hand. docs/delivery.md: "C <
+// P, no log (offsets moved back by hand): continue from P: dam forwards
+// changes only; to re-deliver on purpose, reset the state". But the log is
+// pruned below C only now and then (pruneEvery, 5 s) and not at a clean
+// stop, so right after a stop it still covers the last batches delivered.
+// An operator who moves the group's offset back (kafka-consumer-groups
+// --reset-offsets --shift-by -2) makes recovery take C < P with the log
+// covering [C, P) for a crash, and deliver those batches again, though
+// the store knows they were delivered: progress.delivered, recorded for
+// this very purpose (issue 18 item 8), is at P and is consulted only when
+// Kafka has no committed offset.
+// Code: pipeline/plan.go planRecovery (C below P: the replay starts at
+// max(C, the delivered offset)).
+func TestOffsetsMovedBackReplaysNothingDelivered(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out")
+			dsn := pgtest.DSN(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			store := openStore(t, dsn)
+			r := start(t, cfg, store)
+			// Two batches within pruneEvery: the log of the second is kept.
+			one(t, kc, "in", rec("a", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+			one(t, kc, "in", rec("b", `1`), rec("c", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 3)
+			r.stop()
+			prog, err := store.ReadProgress(context.Background(), dedup.Partition{Group: cfg.Kafka.Group, Topic: "in", Partition: 0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("after the stop: P=%d, delivered=%d", prog.Next, prog.Delivered)
+			commitByHand(t, kc, cfg.Kafka.Group, "in", 1) // moved back by hand
+			r = start(t, cfg, store)
+			one(t, kc, "in", rec("d", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 4)
+			r.stop()
+			got := byKey(kc.ReadAll("out"))
+			for _, k := range []string{"a", "b", "c", "d"} {
+				if len(got[k]) != 1 {
+					t.Errorf("%s delivered %d times, want once (offsets moved back by hand: continue from P)", k, len(got[k]))
+				}
+			}
+		})
+	}
+}
+
+// BREAK 9 (stall without a clear halt): recovery that fails for good at a
+// partition's first assignment. Issue 18 item 6 made a failed re-recovery
+// (onJoined) register halted workers (holdUnrecovered); the first
+// assignment's path does not. onAssigned returns recovery's permanent
+// error (here: the store refuses the epoch bump, as a revoked grant or a
+// broken schema would) to franz-go's AdjustFetchOffsetsFn, having stopped
+// and unregistered what it started. franz-go ends the group session and
+// rejoins, recovery fails again, and so on: the partition has no worker,
+// nothing is consumed, and /readyz says ready (joined, no partition
+// halted: Ready() iterates the workers, and there are none), dam_halted
+// is 0. A silent stall, and the member keeps rebalancing the whole group.
+// Code: pipeline/pipeline.go onAssigned (fail: no holdUnrecovered),
+// Ready/haltedCounts (only registered workers count).
+func TestFailedFirstRecoveryHalts(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out")
+			dsn := pgtest.DSN(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			store := openStore(t, dsn)
+			// The partition has a progress row already (a restart), and
+			// the store now refuses to bump its epoch.
+			if _, err := store.Acquire(context.Background(), dedup.Partition{Group: cfg.Kafka.Group, Topic: "in", Partition: 0}); err != nil {
+				t.Fatal(err)
+			}
+			failAcquire(t, dsn, cfg.Kafka.Group)
+			r := start(t, cfg, store)
+			one(t, kc, "in", rec("k", `1`))
+			time.Sleep(8 * time.Second)
+			err := r.pl.Ready()
+			halted := r.gauge("dam_halted", "svc")
+			if err == nil || halted == 0 {
+				t.Errorf("in/0 cannot be recovered and consumes nothing, yet Ready() = %v and dam_halted = %v (delivered: %d records)", err, halted, len(kc.ReadAll("out")))
+			}
 			r.stop()
 		})
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 )
@@ -198,5 +199,89 @@ func TestShutdownDuringRecoveryStoreOutage(t *testing.T) {
 				t.Logf("shutdown took %s", took)
 			}
 		})
+	}
+}
+
+// BREAK 1 (stall: shutdown outlives shutdown_grace; issue 18 item 4).
+//
+// docs/delivery.md: "A shutdown ends within pipeline.shutdown_grace in
+// both modes." In exactly-once mode a round that does not commit sets its
+// partitions to be planned again (uncommitted -> w.eos.replanning), and
+// transactLoop runs replanPending() before the next poll. replan() reads
+// P with storeCtx(w.dctx): bounded only by the store timeout
+// (2 x statement_timeout + lock_timeout + 5 s = 17 s here) and by the
+// worker's own context, which the shutdown cancels only later, in
+// p.shutdown(), after transactLoop has returned. The process context is
+// not looked at inside replanPending. So a shutdown that comes while
+// PostgreSQL does not answer (a network partition: Blackhole, not a
+// refused connection) waits for the store timeout, once per partition
+// being planned again, and the process is SIGKILLed by its orchestrator.
+//
+// Interleaving: a round's TxnOffsetCommit fails (abort) and, at that
+// moment, PostgreSQL stops answering; the loop sleeps its backoff, then
+// replanPending -> replan -> ReadProgress hangs; SIGTERM.
+// Code: pipeline/transact.go replanPending / replan (storeCtx(w.dctx),
+// fetchCommitted with TransactionTimeout+5s), transactLoop (ctx checked
+// only after replanPending returns).
+func TestShutdownDuringReplanInStoreBlackhole(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	proxy, dsn, _ := pgProxy(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	cfg.Pipeline.ShutdownGrace = 3 * time.Second
+	cfg.Pipeline.RetryMin = 50 * time.Millisecond
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("k", `"A"`))
+	exactly(t, kc, "out", map[string][]string{"k": {`"A"`}})
+
+	failed := failNextTxnOffsetCommit(kc, proxy.Blackhole)
+	one(t, kc, "in", rec("k", `"B"`))
+	select {
+	case <-failed:
+	case <-time.After(waitTimeout):
+		t.Fatal("no TxnOffsetCommit came")
+	}
+	// The abort, the backoff (at most 200 ms), and replanPending is
+	// waiting for PostgreSQL.
+	time.Sleep(1500 * time.Millisecond)
+	began := time.Now()
+	r.stop()
+	took := time.Since(began)
+	proxy.Restore()
+	if took > cfg.Pipeline.ShutdownGrace+time.Second {
+		t.Errorf("shutdown took %s while PostgreSQL did not answer, above shutdown_grace %s", took.Round(100*time.Millisecond), cfg.Pipeline.ShutdownGrace)
+	} else {
+		t.Logf("shutdown took %s", took)
+	}
+}
+
+// A shutdown ends a recovery of fenced partitions (run again when the
+// group settles) that retries a transient refusal of the store: the group's
+// callback running it has the client's context, which lives until Run has
+// returned, so Run waited for the store for good.
+func TestShutdownDuringReRecoveryRetries(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	dsn := pgtest.DSN(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	cfg.Pipeline.ShutdownGrace = 3 * time.Second
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	inspect := openStore(t, dsn)
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("k1", `"A"`))
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := inspect.Acquire(ctx, dedup.Partition{Group: cfg.Kafka.Group, Topic: "in", Partition: 0}); err != nil {
+		t.Fatal(err)
+	}
+	failAcquireWith(t, dsn, cfg.Kafka.Group, "40001") // serialization_failure: retried
+	one(t, kc, "in", rec("k1", `"B"`))
+	time.Sleep(3 * time.Second) // fenced, then recovered again: retrying
+	began := time.Now()
+	r.stop()
+	if took := time.Since(began); took > cfg.Pipeline.ShutdownGrace+time.Second {
+		t.Errorf("shutdown took %s while a recovery retried, above shutdown_grace %s", took, cfg.Pipeline.ShutdownGrace)
 	}
 }

@@ -105,3 +105,54 @@ func TestLoneBadRecordDuringOutage(t *testing.T) {
 	}
 	r.stop()
 }
+
+// BREAK 2 (stall: a halt of a partition that has a dead-letter topic,
+// caused by one record the store refuses; issue 18 item 10: "No error from
+// the store about one record may halt a partition that has a dead-letter
+// topic").
+//
+// With on_store_failure: forward, a record decided while PostgreSQL is
+// down is forwarded undecided and its batch kept in w.pending, to be
+// written back (flush) once the store answers. If the store then refuses
+// that record (SQLSTATE class 22/54: the case decideApart was written
+// for), flush() returns the store's error as is, and nothing decides the
+// pending batch apart: decideLoop parks the partition on it (idle
+// partition: decideLoop's flush; a partition with new records: decide()
+// returns the flush error as the new batch's, decideApart then decides the
+// *new* batch from the wrong start and is fenced). The partition halts,
+// not ready, with the raw store error, naming no offset, until a restart.
+// Code: pipeline/decide.go flush() and decideLoop (w.park on flush's
+// error); decideBatch only tries decideApart for the batch at hand.
+func TestUndecidedForwardTheStoreRefusesDoesNotHalt(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out", "dlq")
+	proxy, dsn, direct := pgProxy(t)
+	rt := route("svc", "in", "out")
+	rt.DeadLetter = "dlq"
+	rt.OnStoreFailure = config.OnStoreFailureForward
+	cfg := testConfig(t, kc, dsn, rt)
+	cfg.Pipeline.RetryMin = 50 * time.Millisecond
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("a", `1`))
+	r.waitRecords("svc", 1)
+	storeRefuses(t, direct)
+
+	proxy.Cut()
+	one(t, kc, "in", rec("poison", `1`)) // forwarded undecided
+	r.waitRecords("svc", 2)
+	proxy.Restore()
+	time.Sleep(2 * time.Second) // the write-back of the undecided batch
+	one(t, kc, "in", rec("a", `2`))
+	var last error
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if last = r.pl.Ready(); last == nil && r.records("svc") == 3 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if last != nil || r.records("svc") != 3 {
+		t.Errorf("a partition with a dead-letter topic is halted by one record the store refuses: Ready() = %v, %d of 3 records through", last, r.records("svc"))
+	}
+}
