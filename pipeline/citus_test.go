@@ -1,6 +1,6 @@
 package pipeline_test
 
-// Adversarial tests of the sidecar on Citus (the store's own are in
+// Tests of the sidecar on Citus (the store's own are in
 // dedup/citus_test.go).
 
 import (
@@ -29,8 +29,8 @@ func routeWorkerThrough(t *testing.T, w *pglocal.Cluster, addr string) {
 	pgtest.RouteWorker(t, w, addr)
 }
 
-// Finding: on Citus, a replay after a crash delivers a stale version, and
-// then loses the newer ones, when the batch it replays committed on the
+// On Citus, a replay after a crash delivers no stale version, and loses
+// none of the newer ones, when the batch it replays committed on the
 // coordinator but is still prepared on the worker that holds the entity
 // (a worker lost between the two phases of the commit).
 //
@@ -46,13 +46,12 @@ func routeWorkerThrough(t *testing.T, w *pglocal.Cluster, addr string) {
 // committed and answered the COMMIT with success), k1's row stays prepared,
 // invisible, until Citus recovers it. The new owner's recovery is not held
 // up (P and the log are committed), and pipeline/recover.go's owes() reads
-// k1's version with GetMode, a plain read that does not wait for the
-// prepared transaction: it sees no state, takes o2 (version 3) for the
-// record to deliver, and delivers the stale version. Once Citus recovers
-// the transaction, k1 holds version 5: its next record, version 4, is
-// stale and never delivered, so the adapter's last k1 is version 3 while
-// 5 was forwarded: version 3 delivered against the rule, versions 4 and 5
-// never.
+// k1's version once it has settled (dedup's SettledVersion waits for the
+// prepared row). A plain read, not waiting, would see no state, take o2
+// (version 3) for the record to deliver and deliver the stale version;
+// once Citus recovered the transaction, k1 would hold version 5, its next
+// record (version 4) would be stale and never delivered, and the adapter's
+// last k1 would be version 3 while 5 was forwarded.
 func TestCitusVersionReplayReadsAPreparedEntity(t *testing.T) {
 	cc := pgtest.NeedCitusCluster(t)
 	kc := testkafka.New(t, 1, "out.v", "dlq.v")

@@ -15,10 +15,10 @@ import (
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// Finding 4: a valid record above franz-go's default batch limit
-// (1,000,012 bytes) but within max_size is delivered once: the producer's
-// limit follows the output topic's max.message.bytes. (It used to be
-// refused, retried forever and produced again with every retry.)
+// A valid record above franz-go's default batch limit (1,000,012 bytes)
+// but within max_size is delivered once: the producer's limit follows the
+// output topic's max.message.bytes, so the record is not refused, retried
+// for ever and produced again with every retry.
 func TestRecordAboveProducerDefault(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -38,9 +38,9 @@ func TestRecordAboveProducerDefault(t *testing.T) {
 	r.stop()
 }
 
-// Finding 4: a record Kafka refuses for good goes to the dead-letter topic
-// without its value, with headers saying it was dropped and why; the
-// records around it are delivered exactly once (never produced again).
+// A record Kafka refuses for good goes to the dead-letter topic without
+// its value, with headers saying it was dropped and why; the records
+// around it are delivered exactly once (never produced again).
 func TestRefusedRecordDeadLettered(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "dlq")
@@ -76,9 +76,9 @@ func TestRefusedRecordDeadLettered(t *testing.T) {
 	r.stop()
 }
 
-// Finding 4: without a dead-letter topic, a refused record halts its
-// partition alone, committed up to it (a restart halts there again), while
-// the other partitions go on.
+// Without a dead-letter topic, a refused record halts its partition
+// alone, committed up to it (a restart halts there again), while the
+// other partitions go on.
 func TestRefusedRecordHaltsWithoutDeadLetter(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 2, "in")
@@ -124,8 +124,8 @@ func TestRefusedRecordHaltsWithoutDeadLetter(t *testing.T) {
 	}
 }
 
-// Finding 4: max_size must fit in a record of the output topic: checked at
-// start, with an error naming the key and the topic's limit.
+// max_size must fit in a record of the output topic: checked at start,
+// with an error naming the key and the topic's limit.
 func TestMaxSizeCheckedAtStart(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in")

@@ -16,20 +16,19 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/pgtest"
 	"github.com/dam-dedup/dam/internal/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// Issue 18, items 1 and 2: exactly-once with Kafka's committed offset C
-// moved ahead of P by hand (P=10, C=22), in rounds of five records. The
-// catch-up rounds below C commit nothing: C never goes back (it went to 15,
-// then 20), so that neither a stop after a catch-up round makes the next
-// owner forward records the operator skipped (they were decided as new
-// from 15), nor does a round that forwards 22-24 and then fails leave a
-// C of 20 that the decision log does not cover (22-24 were lost).
+// Exactly-once with Kafka's committed offset C moved ahead of P by hand
+// (P=10, C=22), in rounds of five records: the catch-up rounds below C
+// commit nothing, so C never goes back (to 15, then 20). A C gone back
+// would let a stop after a catch-up round make the next owner forward
+// records the operator skipped (decided as new from 15), and a round that
+// forwards 22-24 and then fails leave a C of 20 that the decision log
+// does not cover (22-24 lost).
 func TestExactlyOnceCatchUpNeverCommitsBelowC(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -83,14 +82,14 @@ func TestExactlyOnceCatchUpNeverCommitsBelowC(t *testing.T) {
 	}
 }
 
-// Issue 18, item 3: a replay in exactly-once mode never commits past an
-// entity it owes. o1 (k1 "A") was forwarded and not delivered, then
-// compaction removed it, since o4 (k1 "A", its duplicate) supersedes it.
-// The replay is delivered whole, with the commit of its end, in one
-// transaction: a stop after the replay's first round leaves C where it
-// was, and the next replay still owes k1 and delivers o4. (The first round
-// used to commit 4 while k1 was owed; the next replay began at 4, no longer
-// knew k1 was owed, and "A" was never delivered.)
+// A replay in exactly-once mode never commits past an entity it owes. o1
+// (k1 "A") was forwarded and not delivered, then compaction removed it,
+// since o4 (k1 "A", its duplicate) supersedes it. The replay is delivered
+// whole, with the commit of its end, in one transaction: a stop after the
+// replay's first round leaves C where it was, and the next replay still
+// owes k1 and delivers o4. (A first round committing 4 while k1 is owed
+// would make the next replay begin at 4, unaware that k1 is owed: "A"
+// would never be delivered.)
 func TestExactlyOnceReplayKeepsOwedEntity(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "out")
@@ -153,10 +152,10 @@ func TestExactlyOnceReplayKeepsOwedEntity(t *testing.T) {
 	r.stop()
 }
 
-// Issue 18, item 6: a partition fenced while this member holds it, whose
-// recovery then fails, stays assigned halted (not without a worker), and no
-// transaction commits the offsets of its records, which nothing decided.
-// (The round used to skip them while End committed every polled offset.)
+// A partition fenced while this member holds it, whose recovery then
+// fails, stays assigned halted (not without a worker), and no transaction
+// commits the offsets of its records, which nothing decided: a round that
+// skipped them would still have End commit every polled offset.
 func TestExactlyOnceFailedRecoveryCommitsNothing(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -196,43 +195,34 @@ func TestExactlyOnceFailedRecoveryCommitsNothing(t *testing.T) {
 	r.stop()
 }
 
-var _ = config.DeliveryExactlyOnce
-
-// BREAK 5 (duplicate in exactly-once mode: a forward delivered twice to
-// read_committed readers).
+// A replay held across rounds, rewound by another partition's aborted
+// round, delivers each record once to read_committed readers (exactly-once
+// mode, a shadow route).
 //
 // franz-go's GroupTransactSession keeps its own idea of the committed
 // offsets: after a committed End it sets them to every offset polled
 // (setOffsets(postcommit)), after an aborted one it rewinds every
 // partition whose polled head differs from that idea to it
 // (setOffsets(currentCommit)): the fetch cursor moves back and what is
-// buffered is dropped. dam's worker knows nothing of that rewind unless
-// the partition was in the aborted round (then it is planned again).
+// buffered is dropped, for partitions that were not in the aborted round
+// too.
 //
-// A partition holding a replay (w.plan.replay, its jobs held in w.eos.round
-// until the replay is complete) is polled in a round that ends without
-// any End (round: "Only held replays and catch-up: nothing to deliver or
-// commit"), so franz-go's polled head for it moves past its idea of the
-// committed offset. The next round holds only another partition and
+// A partition holding a replay (its jobs held until the replay is
+// complete) is polled in rounds that end without any End (nothing to
+// deliver or commit), so franz-go's polled head for it moves past its idea
+// of the committed offset. The next round holds only another partition and
 // aborts (here: its TxnOffsetCommit fails; a decide error or a halt does
 // the same through uncommitted's End(TryAbort)). franz-go rewinds the
 // replaying partition to C and it reads [C, ...) again, while its worker
-// still holds the replay's state: rp.log has been consumed past those
-// offsets, so each re-read record is taken for one the log does not name
-// and goes through replay()'s other branches: on a shadow route it is
-// delivered again (marked dam-duplicate), with its first copy still in
-// the held jobs; both copies are committed in the replay's transaction.
-// (On a route without shadow, the same re-read makes owes() deliver an
-// older record of an owed entity as its owed content and forget the debt:
-// the entity's last content is never delivered.)
+// holds the replay's state, its log consumed past those offsets: a
+// re-read record taken for one the log does not name would be delivered
+// again on a shadow route (marked dam-duplicate), its first copy still in
+// the held jobs, and both copies committed in the replay's transaction.
 //
 // Determinism: one record batch per fetch (FetchMaxPartitionBytes(1),
 // records produced one batch each), fetch sessions off, and a kfake fault
 // that answers in/0's fetches past C with NOT_LEADER_FOR_PARTITION while
 // the other partition's round aborts.
-// Code: pipeline/transact.go round (the no-End return for held replays;
-// uncommitted replans only the round's parts), decideRound/replay (held
-// state kept across rounds), franz-go txn.go End (setOffsets).
 func TestExactlyOnceRewoundHeldReplayDeliversOnce(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 2, "in", "out")
@@ -333,8 +323,9 @@ func TestExactlyOnceRewoundHeldReplayDeliversOnce(t *testing.T) {
 	r.stop()
 }
 
-// BREAK 6 (loss, exactly-once mode): the same rewind as BREAK 5, on a
-// route without shadow, where the replay owes an entity. The input is
+// The rewind of TestExactlyOnceRewoundHeldReplayDeliversOnce, on a route
+// without shadow, where the replay owes an entity: the entity's last
+// forwarded content is delivered, and each content once. The input is
 // compacted and the entity is a JSON pointer (/id), so Kafka keys and
 // entities differ:
 //
@@ -348,14 +339,12 @@ func TestExactlyOnceRewoundHeldReplayDeliversOnce(t *testing.T) {
 // (delivers e v1), then o3: skipTo passes the unreadable o2, so e is owed
 // and o4, e's next readable record, must be delivered for it. Both rounds
 // hold the replay and end without End. Another partition's round aborts:
-// franz-go rewinds in/0 to 1. The replay reads o1 again: the log no longer
-// names offset 1 (consumed), so owes() takes it as e's next readable
-// record and delivers o1 (v1) again as the owed content, and forgets the
-// debt; o4 is then a plain duplicate. The adapter gets e v1 twice and
-// never v2 (the content the store holds for e: its next v2 is dropped as
-// a duplicate too). A forward is lost for good, and one delivered twice.
-// Code: as BREAK 5, and pipeline/recover.go replay/owes (a record below
-// the replay's read position taken as the owed entity's next record).
+// franz-go rewinds in/0 to 1, and the replay reads o1 again, an offset its
+// log no longer names (consumed). Taken for e's next readable record
+// (owes), o1 (v1) would be delivered again as the owed content and the
+// debt forgotten; o4 would then be a plain duplicate, and the adapter would
+// get e v1 twice and never v2 (the content the store holds for e: its next
+// v2 is dropped as a duplicate too).
 func TestExactlyOnceRewoundHeldReplayKeepsOwedEntity(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 2, "out")

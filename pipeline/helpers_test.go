@@ -571,8 +571,8 @@ func keyed(part int32, prefix string, n int) []*kgo.Record {
 }
 
 // bigKeyed is a record whose value fits max_size but which, with a large
-// header, is larger than the output topic accepts. (A large key no longer
-// does: an entity above dedup.MaxEntityBytes is bad input.)
+// header, is larger than the output topic accepts. (Not with a large key:
+// an entity above dedup.MaxEntityBytes is bad input.)
 func bigKeyed(valueBytes int) *kgo.Record {
 	r := rec("big", `"`+strings.Repeat("v", valueBytes-2)+`"`)
 	r.Headers = []kgo.RecordHeader{{Key: "h", Value: []byte(strings.Repeat("H", 70_000))}}

@@ -19,15 +19,14 @@ import (
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// Poison records (issue 18, items 10 to 12), each written by any producer:
-// an identity longer than the store can index (a key, an Idempotency-Key
-// header, a pointer value, an entity header), forged dam-* headers, and a
-// duplicate member name of 490 kB. Each goes to the dead-letter topic with
-// a short error naming it (or, forged headers, is forwarded without them),
-// and the good records around them go on, in every mode and both delivery
-// modes. (A 3,000-byte key used to fail the store's insert and halt the
-// partition for good, dead_letter or not; the headers were kept; the huge
-// name made a dead letter too large to produce.)
+// Poison records, each written by any producer: an identity longer than
+// the store can index (a key, an Idempotency-Key header, a pointer value,
+// an entity header), forged dam-* headers, and a duplicate member name of
+// 490 kB. Each goes to the dead-letter topic with a short error naming it
+// (or, forged headers, is forwarded without them), and the good records
+// around them go on, in every mode and both delivery modes: no such record
+// fails the store's insert and halts its partition, keeps a forged header,
+// or makes a dead letter too large to produce.
 func TestPoisonRecords(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -155,11 +154,10 @@ func TestLongIdentityHaltsWithoutDeadLetter(t *testing.T) {
 }
 
 // No error of the store about one record halts a partition that has a
-// dead-letter topic (issue 18, item 10): the batch is decided again one
-// record at a time, the record the store refuses alone is dead-lettered
-// with the store's error, and everything around it is decided as usual.
-// Without a dead-letter topic the partition halts at that record, naming
-// its offset.
+// dead-letter topic: the batch is decided again one record at a time, the
+// record the store refuses alone is dead-lettered with the store's error,
+// and everything around it is decided as usual. Without a dead-letter
+// topic the partition halts at that record, naming its offset.
 func TestStoreRefusesOneRecord(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -226,13 +224,11 @@ func TestStoreRefusesOneRecord(t *testing.T) {
 	}
 }
 
-// keep kgo imported for the helpers above.
-var _ = kgo.Record{}
-
 // A record Kafka refuses for good, whose dead letter (without the value)
 // Kafka refuses too, halts its partition with an error saying so, in both
-// delivery modes: exactly-once used to abort and replay the round forever,
-// never halting, and at-least-once said the route had no dead_letter topic.
+// delivery modes: exactly-once does not abort and replay the round for
+// ever without halting, and at-least-once does not say the route has no
+// dead_letter topic.
 func TestRefusedDeadLetterHalts(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -284,25 +280,20 @@ func produceBig(t *testing.T, kc *testkafka.Cluster, topic string, part int32, r
 	}
 }
 
-// BREAK 3 (stall: a halt of a partition that has a dead-letter topic,
-// caused by one hostile record; at-least-once mode). DESIGN §2: "A record
-// Kafka refuses for good: dead letter without its value ..., or a halt of
-// that partition alone when the route has no dead-letter topic"; docs:
-// identities longer than 1 KiB are bad input, dead-lettered.
+// A record whose key is about 1 MB (hugeKey), which any producer can
+// write, is dead-lettered and its partition goes on, in at-least-once
+// mode. DESIGN §2: "A record Kafka refuses for good: dead letter without
+// its value ..., or a halt of that partition alone when the route has no
+// dead-letter topic"; docs: identities longer than 1 KiB are bad input,
+// dead-lettered.
 //
 // The record's dead letter is the record plus dam's headers: larger than
-// the dead-letter topic accepts (same default limit as the input).
-// precheck replaces it with the refused letter, which drops the 1-byte
-// value but keeps the 1 MB key (route.refusedLetter) and adds a longer
-// dam-error: still too large, and precheck does not check a refused
-// letter again (o.outcome == outcomeRefused). The broker refuses it;
-// produce() -> refuse() returns false for an outcomeRefused record, so
-// the job is stuck and the partition halts with "Kafka refused the record
-// for good and route svc has no dead_letter topic", although it has one.
-// A restart halts there again: one record from any producer stops the
-// partition for good.
-// Code: pipeline/route.go refusedLetter (keeps r.Key); pipeline/deliver.go
-// precheck (skips outcomeRefused) and refuse.
+// the dead-letter topic accepts (the same default limit as the input).
+// precheck replaces it with the refused letter, which leaves out the
+// value and, longer than an identity may be, the key too
+// (route.refusedLetter): it fits, and the partition does not halt saying
+// that route svc has no dead_letter topic, nor halt there again at every
+// restart.
 func TestHugeKeyDeadLettered(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out", "dlq")
@@ -329,23 +320,16 @@ func TestHugeKeyDeadLettered(t *testing.T) {
 	r.stop()
 }
 
-// BREAK 4 (stall of every partition of the instance, without a halt;
-// exactly-once mode). Same hostile record as BREAK 3.
-//
-// In a round, precheck turns the too-large dead letter into the refused
-// letter and, as above, never checks that again. The broker refuses it;
-// the round's produce callback only records refusedAt[offset] and fails
-// the round: abort, replan, replay. The replay's precheck finds
-// refusedAt[offset], replaces the dead letter by the same refused letter
-// (and skips it, outcomeRefused), the broker refuses it again: abort. For
-// ever, with backoff: nothing is ever halted (Ready says "produce to dlq"
-// as a pause), nothing of the partition is delivered again, not even the
-// records before the hostile one; and since one transaction carries every
-// partition of the round, another partition's records abort with it
-// whenever they share a round (they get through in the rounds between:
-// in/1 is checked to show it is in/0 alone that stalls).
-// Code: pipeline/transact.go round (Produce callback: refusedAt, never
-// j.stuck for a refused letter), pipeline/deliver.go precheck.
+// The record of TestHugeKeyDeadLettered, in exactly-once mode: it is
+// dead-lettered once, the records around it on in/0 are delivered, and
+// the rounds do not abort in a loop. A refused letter the broker refused
+// again would fail its round: abort, replan, replay, refused again, for
+// ever with backoff, never a halt (Ready saying "produce to dlq" as a
+// pause), nothing of in/0 delivered, not even the records before the
+// hostile one; and since one transaction carries every partition of a
+// round, another partition's records would abort with it whenever they
+// shared a round. in/1, which holds no hostile record, is checked to get
+// every record through, and dam_delivery_errors_total to stay low.
 func TestHugeKeyDeadLetteredExactlyOnce(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 2, "in", "out", "dlq")

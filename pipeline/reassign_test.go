@@ -84,21 +84,18 @@ func TestStandbyIsReady(t *testing.T) {
 	}
 }
 
-// BREAK 8 (a partition kept by a member that no longer owns it;
-// exactly-once mode). franz-go's GroupTransactSession calls the
-// application's OnPartitionsRevoked only for the first revocation between
-// two End calls (its wrapper returns early while s.revoked is set, and
-// only End clears it). dam calls End only for rounds that deliver or
-// commit something, so an idle member that loses partitions in two
-// rebalances never hears of the second: the workers of those partitions
-// stay registered (dam_partitions_assigned, the poll budget
-// max_in_flight x partitions, /readyz), and a worker left waiting to be
-// planned again is planned against the new owner's epoch: fenced, it
-// forces a rebalance, and onJoined "recovers" a partition this member
-// does not hold, bumping the epoch under its real owner.
-// Code: pipeline/pipeline.go onRevoked (never called), transact.go
-// (End only when there is something to deliver or commit); franz-go
-// txn.go NewGroupTransactSession's onRevoked wrapper.
+// An idle exactly-once member that loses partitions in two rebalances
+// hears of both: after each, it holds no worker of a partition it no
+// longer owns (dam_partitions_assigned, the poll budget max_in_flight x
+// partitions and /readyz count only what it holds). franz-go's
+// GroupTransactSession calls the application's OnPartitionsRevoked only
+// for the first revocation between two End calls (its wrapper returns
+// early while s.revoked is set, and only End clears it), and a round ends
+// with End only when it delivers or commits something. A worker kept for
+// a partition the member no longer owns would be planned against the new
+// owner's epoch: fenced, it would force a rebalance, and onJoined would
+// recover a partition this member does not hold, bumping the epoch under
+// its real owner.
 func TestExactlyOnceEveryRevocationReleasesPartitions(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 4, "in", "out")

@@ -14,13 +14,13 @@ import (
 	"github.com/dam-dedup/dam/internal/testkafka"
 )
 
-// Finding 6: a partition revoked while its owner is shutting down (a
-// rolling deploy: the new pod joins as the old one drains) is released
-// only once the old owner has finished it: its late produce cannot land
-// after the new owner's record. Here the old owner A cannot deliver v1 (its
-// producer is refused) when B joins; B receives a newer v2. Whatever
-// partition B takes, the adapter must end on v2. (A used to release the
-// partition at once: B delivered v2, then A's v1 landed after it.)
+// A partition revoked while its owner is shutting down (a rolling deploy:
+// the new pod joins as the old one drains) is released only once the old
+// owner has finished it: its late produce cannot land after the new
+// owner's record. Here the old owner A cannot deliver v1 (its producer is
+// refused) when B joins; B receives a newer v2. Whatever partition B
+// takes, the adapter must end on v2 (a partition released at once would
+// let B deliver v2 and A's v1 land after it).
 func TestRevokedWhileShuttingDownFinishesFirst(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 2, "in", "out")
@@ -58,9 +58,9 @@ func TestRevokedWhileShuttingDownFinishesFirst(t *testing.T) {
 	b.stop()
 }
 
-// Finding 7: shutdown during a broker outage exits within
-// pipeline.shutdown_grace (plus a little): the produce that cannot finish is
-// abandoned and the next owner delivers what the decision log holds.
+// A shutdown during a broker outage exits within pipeline.shutdown_grace
+// (plus a little): the produce that cannot finish is abandoned and the
+// next owner delivers what the decision log holds.
 func TestShutdownDuringBrokerOutage(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -84,12 +84,12 @@ func TestShutdownDuringBrokerOutage(t *testing.T) {
 	}
 }
 
-// Issue 18, item 4: a shutdown while PostgreSQL is down ends within
-// pipeline.shutdown_grace, in both delivery modes, and an exactly-once
-// round retrying its decide through the outage gives the group's
-// rebalance its poll back. (The round kept retrying under a context the
-// shutdown never canceled: the process outlived the grace period and was
-// killed, and a rebalance waited for the outage to end.)
+// A shutdown while PostgreSQL is down ends within pipeline.shutdown_grace,
+// in both delivery modes, and an exactly-once round retrying its decide
+// through the outage gives the group's rebalance its poll back: the
+// round's retries end with the shutdown, so the process does not outlive
+// the grace period (to be killed), nor does a rebalance wait for the
+// outage to end.
 func TestShutdownDuringStoreOutage(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -202,27 +202,20 @@ func TestShutdownDuringRecoveryStoreOutage(t *testing.T) {
 	}
 }
 
-// BREAK 1 (stall: shutdown outlives shutdown_grace; issue 18 item 4).
-//
-// docs/delivery.md: "A shutdown ends within pipeline.shutdown_grace in
-// both modes." In exactly-once mode a round that does not commit sets its
-// partitions to be planned again (uncommitted -> w.eos.replanning), and
-// transactLoop runs replanPending() before the next poll. replan() reads
-// P with storeCtx(w.dctx): bounded only by the store timeout
-// (2 x statement_timeout + lock_timeout + 5 s = 17 s here) and by the
-// worker's own context, which the shutdown cancels only later, in
-// p.shutdown(), after transactLoop has returned. The process context is
-// not looked at inside replanPending. So a shutdown that comes while
-// PostgreSQL does not answer (a network partition: Blackhole, not a
-// refused connection) waits for the store timeout, once per partition
-// being planned again, and the process is SIGKILLed by its orchestrator.
+// A shutdown ends within pipeline.shutdown_grace (docs/delivery.md: "A
+// shutdown ends within pipeline.shutdown_grace in both modes.") while an
+// exactly-once partition waits to be planned again and PostgreSQL does not
+// answer (a network partition: Blackhole, not a refused connection). A
+// round that does not commit marks its partitions to be planned again
+// (uncommitted), and transactLoop runs replanPending before the next poll;
+// replan reads P from the store, which hangs. The shutdown ends that wait:
+// the store timeout (2 x statement_timeout + lock_timeout + 5 s = 17 s
+// here, once per partition planned again) would outlast the grace period,
+// and the orchestrator would SIGKILL the process.
 //
 // Interleaving: a round's TxnOffsetCommit fails (abort) and, at that
 // moment, PostgreSQL stops answering; the loop sleeps its backoff, then
-// replanPending -> replan -> ReadProgress hangs; SIGTERM.
-// Code: pipeline/transact.go replanPending / replan (storeCtx(w.dctx),
-// fetchCommitted with TransactionTimeout+5s), transactLoop (ctx checked
-// only after replanPending returns).
+// replanPending -> replan -> ReadProgress waits; then the shutdown.
 func TestShutdownDuringReplanInStoreBlackhole(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -257,9 +250,10 @@ func TestShutdownDuringReplanInStoreBlackhole(t *testing.T) {
 }
 
 // A shutdown ends a recovery of fenced partitions (run again when the
-// group settles) that retries a transient refusal of the store: the group's
-// callback running it has the client's context, which lives until Run has
-// returned, so Run waited for the store for good.
+// group settles) that retries a transient refusal of the store: that
+// recovery runs in the group's callback, under the client's context,
+// which lives until Run has returned, so the shutdown must end its
+// retries itself or Run would wait for the store for good.
 func TestShutdownDuringReRecoveryRetries(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")

@@ -71,7 +71,7 @@ func TestOnStoreFailureForward(t *testing.T) {
 	}
 }
 
-// Finding 3: a lone bad record decided while PostgreSQL is down (with
+// A lone bad record decided while PostgreSQL is down (with
 // on_store_failure: forward) is dead-lettered and its offset written back
 // with the next batches: P covers it, so the next decide is not falsely
 // fenced and the partition does not stay not-ready until a restart.
@@ -106,23 +106,17 @@ func TestLoneBadRecordDuringOutage(t *testing.T) {
 	r.stop()
 }
 
-// BREAK 2 (stall: a halt of a partition that has a dead-letter topic,
-// caused by one record the store refuses; issue 18 item 10: "No error from
-// the store about one record may halt a partition that has a dead-letter
-// topic").
-//
-// With on_store_failure: forward, a record decided while PostgreSQL is
-// down is forwarded undecided and its batch kept in w.pending, to be
-// written back (flush) once the store answers. If the store then refuses
-// that record (SQLSTATE class 22/54: the case decideApart was written
-// for), flush() returns the store's error as is, and nothing decides the
-// pending batch apart: decideLoop parks the partition on it (idle
-// partition: decideLoop's flush; a partition with new records: decide()
-// returns the flush error as the new batch's, decideApart then decides the
-// *new* batch from the wrong start and is fenced). The partition halts,
-// not ready, with the raw store error, naming no offset, until a restart.
-// Code: pipeline/decide.go flush() and decideLoop (w.park on flush's
-// error); decideBatch only tries decideApart for the batch at hand.
+// No error of the store about one record halts a partition that has a
+// dead-letter topic, a record forwarded undecided included. With
+// on_store_failure: forward, a record decided while PostgreSQL is down is
+// forwarded undecided and its batch kept pending, to be written back
+// (flush) once the store answers. When the store then refuses that record
+// (SQLSTATE class 22 or 54, what decideApart is for), the pending batch is
+// decided apart like any other, whether the partition is idle (decideLoop's
+// flush) or has new records (the flush's error is not taken for the new
+// batch's, which decided apart from the wrong start would be fenced). A
+// partition parked on the flush's error would stay halted, not ready, with
+// the raw store error naming no offset, until a restart.
 func TestUndecidedForwardTheStoreRefusesDoesNotHalt(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out", "dlq")
