@@ -9,11 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/dam-dedup/dam/dedup"
@@ -251,33 +247,7 @@ func TestExactlyOnceRewoundHeldReplayDeliversOnce(t *testing.T) {
 
 	// The replay of [1, 4) reads one record per fetch; after the first,
 	// in/0's fetches fail until the other partition's round has aborted.
-	td, err := kadm.NewClient(kc.Client()).ListTopics(context.Background(), "in")
-	if err != nil {
-		t.Fatal(err)
-	}
-	inID := td["in"].ID
-	heldOne := make(chan struct{}, 1)
-	fault := kc.Fault(kfake.Fault{
-		Keys: []kmsg.Key{kmsg.Fetch}, Topic: "in", TopicID: inID, Partitions: []int32{0}, Count: -1,
-		Err: kerr.NotLeaderForPartition,
-		When: func(req kmsg.Request) bool {
-			for _, t := range req.(*kmsg.FetchRequest).Topics {
-				if t.Topic != "in" && t.TopicID != inID {
-					continue
-				}
-				for _, p := range t.Partitions {
-					if p.Partition == 0 && p.FetchOffset > 1 {
-						select {
-						case heldOne <- struct{}{}:
-						default:
-						}
-						return true
-					}
-				}
-			}
-			return false
-		},
-	})
+	fault, heldOne := faultFetchPast(t, kc, "in", 0, 1)
 	validate(t, &cfg)
 	reg := prometheus.NewRegistry()
 	pl, err := pipeline.New(cfg, store, pipeline.WithLogger(zaptest.NewLogger(t)), pipeline.WithRegisterer(reg),
