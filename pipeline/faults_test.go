@@ -25,6 +25,8 @@ import (
 	"github.com/dam-dedup/dam/internal/testkafka"
 )
 
+// Kafka: faults of the broker (kfake), and a witness of its commits.
+
 // produceGate makes the broker refuse produce requests to some topics with
 // a retriable error (NOT_ENOUGH_REPLICAS) while it is closed: the producer
 // keeps retrying, nothing is delivered or committed, and a stopped
@@ -356,6 +358,8 @@ func (c *txnCommits) count(tp string) int {
 	defer c.mu.Unlock()
 	return len(c.seen[tp])
 }
+
+// PostgreSQL: faults of the connection and of the store itself.
 
 // pgProxy puts a fault-injecting proxy in front of the test schema's
 // PostgreSQL; it returns the proxy, the DSN through it and the direct DSN
