@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
@@ -24,16 +25,6 @@ func budgetConfig(t *testing.T, kc *testkafka.Cluster, dsn string, rt config.Rou
 	cfg.Pipeline.MaxInFlight = 10
 	cfg.Pipeline.MaxBatch = 200
 	return cfg
-}
-
-// keyed builds n records of partition part with keys prefix-0 ... prefix-n-1.
-func keyed(part int32, prefix string, n int) []*kgo.Record {
-	out := make([]*kgo.Record, n)
-	for i := range out {
-		out[i] = rec(fmt.Sprintf("%s-%d", prefix, i), fmt.Sprintf(`{"n":%d}`, i))
-		out[i].Partition = part
-	}
-	return out
 }
 
 // A partition that halts gives back every record it took from the shared
@@ -118,18 +109,64 @@ func TestFencedPartitionGivesBackItsBudget(t *testing.T) {
 	r.stop()
 }
 
-// waitDelivered waits until "out" holds the n records keyed prefix-0 ...
-// prefix-n-1.
-func waitDelivered(t *testing.T, kc *testkafka.Cluster, prefix string, n int) {
-	t.Helper()
-	waitFor(t, fmt.Sprintf("%d records %s-* delivered", n, prefix), func() (bool, string) {
+// A partition paused on trouble of its own (here a row of its entity
+// locked in the store past lock_timeout, an error dam retries: the
+// decide of partition 0 fails try after try) holds no more of the shared
+// in-flight budget than its share: the poll loop does not fill its queue
+// with the whole budget, and the other partition, whose entities nothing
+// locks, keeps polling and delivering.
+func TestPausedPartitionHoldsOnlyItsShareOfTheBudget(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 2, "in", "out")
+	dsn := pgtest.DSN(t)
+	cfg := budgetConfig(t, kc, dsn, route("svc", "in", "out"), config.DeliveryAtLeastOnce)
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	produceTo(t, kc, "in", keyed(0, "x", 1)...)
+	waitDelivered(t, kc, "x", 1)
+
+	// Another session holds x-0's row: partition 0's next decide waits
+	// for it, times out and retries, for as long as the lock is held.
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx) //nolint:errcheck
+	if _, err := conn.Exec(ctx, `SET idle_in_transaction_session_timeout = 0`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM state WHERE service = 'svc' AND entity = 'x-0'::bytea FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	p0 := append(keyed(0, "x", 1), keyed(0, "after", 100)...)
+	p0[0].Value = []byte(`{"n":"changed"}`)
+	produceTo(t, kc, "in", p0...)
+	waitFor(t, "partition 0 paused on the lock", func() (bool, string) {
+		err := r.pl.Ready()
+		return err != nil, fmt.Sprint(err)
+	})
+
+	// Partition 1, healthy, goes on while partition 0 waits.
+	produceTo(t, kc, "in", keyed(1, "b", 60)...)
+	waitFor(t, "partition 1 delivered", func() (bool, string) {
 		got := byKey(kc.ReadAll("out"))
 		k := 0
-		for i := range n {
-			if got[fmt.Sprintf("%s-%d", prefix, i)] != nil {
+		for i := range 60 {
+			if got[fmt.Sprintf("b-%d", i)] != nil {
 				k++
 			}
 		}
-		return k == n, fmt.Sprintf("%d of %d delivered", k, n)
+		return k == 60, fmt.Sprintf("%d of 60 delivered; dam_records_in_flight %v (budget: 2 partitions x %d)",
+			k, r.gauge0("dam_records_in_flight"), cfg.Pipeline.MaxInFlight)
 	})
+
+	_ = tx.Rollback(ctx)
+	waitDelivered(t, kc, "after", 100)
+	r.stop()
 }

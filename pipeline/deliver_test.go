@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
@@ -16,10 +15,10 @@ import (
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// Finding 4: a valid record above franz-go's default batch limit
-// (1,000,012 bytes) but within max_size is delivered once: the producer's
-// limit follows the output topic's max.message.bytes. (It used to be
-// refused, retried forever and produced again with every retry.)
+// A valid record above franz-go's default batch limit (1,000,012 bytes)
+// but within max_size is delivered once: the producer's limit follows the
+// output topic's max.message.bytes, so the record is not refused, retried
+// for ever and produced again with every retry.
 func TestRecordAboveProducerDefault(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -39,18 +38,9 @@ func TestRecordAboveProducerDefault(t *testing.T) {
 	r.stop()
 }
 
-// bigKeyed is a record whose value fits max_size but which, with a large
-// header, is larger than the output topic accepts. (A large key no longer
-// does: an entity above dedup.MaxEntityBytes is bad input.)
-func bigKeyed(valueBytes int) *kgo.Record {
-	r := rec("big", `"`+strings.Repeat("v", valueBytes-2)+`"`)
-	r.Headers = []kgo.RecordHeader{{Key: "h", Value: []byte(strings.Repeat("H", 70_000))}}
-	return r
-}
-
-// Finding 4: a record Kafka refuses for good goes to the dead-letter topic
-// without its value, with headers saying it was dropped and why; the
-// records around it are delivered exactly once (never produced again).
+// A record Kafka refuses for good goes to the dead-letter topic without
+// its value, with headers saying it was dropped and why; the records
+// around it are delivered exactly once (never produced again).
 func TestRefusedRecordDeadLettered(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "dlq")
@@ -86,9 +76,9 @@ func TestRefusedRecordDeadLettered(t *testing.T) {
 	r.stop()
 }
 
-// Finding 4: without a dead-letter topic, a refused record halts its
-// partition alone, committed up to it (a restart halts there again), while
-// the other partitions go on.
+// Without a dead-letter topic, a refused record halts its partition
+// alone, committed up to it (a restart halts there again), while the
+// other partitions go on.
 func TestRefusedRecordHaltsWithoutDeadLetter(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 2, "in")
@@ -134,28 +124,8 @@ func TestRefusedRecordHaltsWithoutDeadLetter(t *testing.T) {
 	}
 }
 
-// waitCommitted waits until the group's committed offset of topic/part is
-// want.
-func waitCommitted(t *testing.T, kc *testkafka.Cluster, group, topic string, part int32, want int64) {
-	t.Helper()
-	adm := kadm.NewClient(kc.Client())
-	waitFor(t, fmt.Sprintf("committed offset %d on %s/%d", want, topic, part), func() (bool, string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		offs, err := adm.FetchOffsets(ctx, group)
-		if err != nil {
-			return false, err.Error()
-		}
-		o, ok := offs.Lookup(topic, part)
-		if !ok {
-			return false, "no commit"
-		}
-		return o.At == want, fmt.Sprintf("committed %d", o.At)
-	})
-}
-
-// Finding 4: max_size must fit in a record of the output topic: checked at
-// start, with an error naming the key and the topic's limit.
+// max_size must fit in a record of the output topic: checked at start,
+// with an error naming the key and the topic's limit.
 func TestMaxSizeCheckedAtStart(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in")

@@ -301,14 +301,6 @@ func TestDeadLetters(t *testing.T) {
 	r.stop()
 }
 
-func headers(r *kgo.Record) map[string]string {
-	h := map[string]string{}
-	for _, x := range r.Headers {
-		h[x.Key] = string(x.Value)
-	}
-	return h
-}
-
 // TestHaltWithoutDeadLetter: a bad record at offset k of a partition, on a
 // route without dead_letter, halts that partition: what precedes it is
 // forwarded and committed (up to k exactly), nothing after it, Ready names

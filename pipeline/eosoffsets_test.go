@@ -3,84 +3,28 @@ package pipeline_test
 import (
 	"context"
 	"fmt"
-	"sync"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// txnCommits records every offset a transaction commits, per topic and
-// partition, as the broker receives it.
-type txnCommits struct {
-	mu   sync.Mutex
-	seen map[string][]int64 // "topic/partition" -> offsets, in order
-}
-
-func watchTxnCommits(kc *testkafka.Cluster) *txnCommits {
-	c := &txnCommits{seen: map[string][]int64{}}
-	kc.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kc.KeepControl()
-		r := req.(*kmsg.TxnOffsetCommitRequest)
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, t := range r.Topics {
-			for _, p := range t.Partitions {
-				k := fmt.Sprintf("%s/%d", t.Topic, p.Partition)
-				c.seen[k] = append(c.seen[k], p.Offset)
-			}
-		}
-		return nil, nil, false
-	})
-	return c
-}
-
-// since returns the offsets committed for tp from the i-th on.
-func (c *txnCommits) since(tp string, i int) []int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]int64(nil), c.seen[tp][min(i, len(c.seen[tp])):]...)
-}
-
-func (c *txnCommits) count(tp string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.seen[tp])
-}
-
-// commitByHand commits offset for topic/0 as an operator would, while the
-// group is empty.
-func commitByHand(t *testing.T, kc *testkafka.Cluster, group, topic string, offset int64) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := kadm.NewClient(kc.Client()).CommitOffsets(ctx, group, kadm.Offsets{topic: {0: {Topic: topic, Partition: 0, At: offset, LeaderEpoch: -1}}})
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		t.Fatalf("committing %s/0 at %d by hand: %v", topic, offset, err)
-	}
-}
-
-// Issue 18, items 1 and 2: exactly-once with Kafka's committed offset C
-// moved ahead of P by hand (P=10, C=22), in rounds of five records. The
-// catch-up rounds below C commit nothing: C never goes back (it went to 15,
-// then 20), so that neither a stop after a catch-up round makes the next
-// owner forward records the operator skipped (they were decided as new
-// from 15), nor does a round that forwards 22-24 and then fails leave a
-// C of 20 that the decision log does not cover (22-24 were lost).
+// Exactly-once with Kafka's committed offset C moved ahead of P by hand
+// (P=10, C=22), in rounds of five records: the catch-up rounds below C
+// commit nothing, so C never goes back (to 15, then 20). A C gone back
+// would let a stop after a catch-up round make the next owner forward
+// records the operator skipped (decided as new from 15), and a round that
+// forwards 22-24 and then fails leave a C of 20 that the decision log
+// does not cover (22-24 lost).
 func TestExactlyOnceCatchUpNeverCommitsBelowC(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -134,14 +78,14 @@ func TestExactlyOnceCatchUpNeverCommitsBelowC(t *testing.T) {
 	}
 }
 
-// Issue 18, item 3: a replay in exactly-once mode never commits past an
-// entity it owes. o1 (k1 "A") was forwarded and not delivered, then
-// compaction removed it, since o4 (k1 "A", its duplicate) supersedes it.
-// The replay is delivered whole, with the commit of its end, in one
-// transaction: a stop after the replay's first round leaves C where it
-// was, and the next replay still owes k1 and delivers o4. (The first round
-// used to commit 4 while k1 was owed; the next replay began at 4, no longer
-// knew k1 was owed, and "A" was never delivered.)
+// A replay in exactly-once mode never commits past an entity it owes. o1
+// (k1 "A") was forwarded and not delivered, then compaction removed it,
+// since o4 (k1 "A", its duplicate) supersedes it. The replay is delivered
+// whole, with the commit of its end, in one transaction: a stop after the
+// replay's first round leaves C where it was, and the next replay still
+// owes k1 and delivers o4. (A first round committing 4 while k1 is owed
+// would make the next replay begin at 4, unaware that k1 is owed: "A"
+// would never be delivered.)
 func TestExactlyOnceReplayKeepsOwedEntity(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "out")
@@ -204,31 +148,10 @@ func TestExactlyOnceReplayKeepsOwedEntity(t *testing.T) {
 	r.stop()
 }
 
-// failAcquire makes the store refuse every Acquire of the partitions of
-// group (a permanent error, as a broken grant or schema would be).
-func failAcquire(t *testing.T, dsn, group string) { failAcquireWith(t, dsn, group, "P0001") }
-
-// failAcquireWith makes the store refuse every Acquire of group's
-// partitions with SQLSTATE code: a permanent refusal (P0001, a person must
-// look, on either engine), or a transient one that recovery retries.
-func failAcquireWith(t *testing.T, dsn, group, code string) {
-	t.Helper()
-	createTrigger(t, openStore(t, dsn), fmt.Sprintf(`CREATE FUNCTION refuse_acquire() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.grp = %s AND NEW.epoch > OLD.epoch THEN
-				RAISE EXCEPTION 'acquire refused for the test' USING ERRCODE = %s;
-			END IF;
-			RETURN NEW;
-		END $$`, quoteLiteral(group), quoteLiteral(code)),
-		`CREATE TRIGGER refuse_acquire BEFORE UPDATE ON progress FOR EACH ROW EXECUTE FUNCTION refuse_acquire()`)
-}
-
-func quoteLiteral(s string) string { return "'" + s + "'" }
-
-// Issue 18, item 6: a partition fenced while this member holds it, whose
-// recovery then fails, stays assigned halted (not without a worker), and no
-// transaction commits the offsets of its records, which nothing decided.
-// (The round used to skip them while End committed every polled offset.)
+// A partition fenced while this member holds it, whose recovery then
+// fails, stays assigned halted (not without a worker), and no transaction
+// commits the offsets of its records, which nothing decided: a round that
+// skipped them would still have End commit every polled offset.
 func TestExactlyOnceFailedRecoveryCommitsNothing(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -268,34 +191,205 @@ func TestExactlyOnceFailedRecoveryCommitsNothing(t *testing.T) {
 	r.stop()
 }
 
-// A shutdown ends a recovery of fenced partitions (run again when the
-// group settles) that retries a transient refusal of the store: the group's
-// callback running it has the client's context, which lives until Run has
-// returned, so Run waited for the store for good.
-func TestShutdownDuringReRecoveryRetries(t *testing.T) {
+// A replay held across rounds, rewound by another partition's aborted
+// round, delivers each record once to read_committed readers (exactly-once
+// mode, a shadow route).
+//
+// franz-go's GroupTransactSession keeps its own idea of the committed
+// offsets: after a committed End it sets them to every offset polled
+// (setOffsets(postcommit)), after an aborted one it rewinds every
+// partition whose polled head differs from that idea to it
+// (setOffsets(currentCommit)): the fetch cursor moves back and what is
+// buffered is dropped, for partitions that were not in the aborted round
+// too.
+//
+// A partition holding a replay (its jobs held until the replay is
+// complete) is polled in rounds that end without any End (nothing to
+// deliver or commit), so franz-go's polled head for it moves past its idea
+// of the committed offset. The next round holds only another partition and
+// aborts (here: its TxnOffsetCommit fails; a decide error or a halt does
+// the same through uncommitted's End(TryAbort)). franz-go rewinds the
+// replaying partition to C and it reads [C, ...) again, while its worker
+// holds the replay's state, its log consumed past those offsets: a
+// re-read record taken for one the log does not name would be delivered
+// again on a shadow route (marked dam-duplicate), its first copy still in
+// the held jobs, and both copies committed in the replay's transaction.
+//
+// Determinism: one record batch per fetch (FetchMaxPartitionBytes(1),
+// records produced one batch each), fetch sessions off, and a kfake fault
+// that answers in/0's fetches past C with NOT_LEADER_FOR_PARTITION while
+// the other partition's round aborts.
+func TestExactlyOnceRewoundHeldReplayDeliversOnce(t *testing.T) {
 	t.Parallel()
-	kc := testkafka.New(t, 1, "in", "out")
+	kc := testkafka.New(t, 2, "in", "out")
 	dsn := pgtest.DSN(t)
-	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
-	cfg.Pipeline.ShutdownGrace = 3 * time.Second
-	cfg.Pipeline.RetryMax = 200 * time.Millisecond
-	inspect := openStore(t, dsn)
-	r := start(t, cfg, openStore(t, dsn))
-	one(t, kc, "in", rec("k1", `"A"`))
-	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`}})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := inspect.Acquire(ctx, dedup.Partition{Group: cfg.Kafka.Group, Topic: "in", Partition: 0}); err != nil {
+	rt := route("svc", "in", "out")
+	rt.Shadow = true
+	cfg := eosConfig(t, kc, dsn, "a", rt)
+	cfg.Pipeline.ShutdownGrace = 2 * time.Second
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	one(t, kc, "in", rec("k0", `0`))
+	exactly(t, kc, "out", map[string][]string{"k0": {`0`}})
+	waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+	r.stop()
+
+	// in/0: [1, 4) decided and logged, not delivered (C = 1, P = 4).
+	gate := newProduceGate(t, kc, "out")
+	one(t, kc, "in", rec("k1", `1`))
+	one(t, kc, "in", rec("k2", `1`))
+	one(t, kc, "in", rec("k3", `1`))
+	gate.close()
+	r = start(t, cfg, store)
+	waitProgress(t, store, cfg, "in", 0, 4)
+	r.crash()
+	gate.open()
+
+	// The replay of [1, 4) reads one record per fetch; after the first,
+	// in/0's fetches fail until the other partition's round has aborted.
+	fault, heldOne := faultFetchPast(t, kc, "in", 0, 1)
+	validate(t, &cfg)
+	reg := prometheus.NewRegistry()
+	pl, err := pipeline.New(cfg, store, pipeline.WithLogger(zaptest.NewLogger(t)), pipeline.WithRegisterer(reg),
+		pipeline.WithKafkaOptions(kgo.FetchMaxPartitionBytes(1), kgo.DisableFetchSessions()))
+	if err != nil {
 		t.Fatal(err)
 	}
-	failAcquireWith(t, dsn, cfg.Kafka.Group, "40001") // serialization_failure: retried
-	one(t, kc, "in", rec("k1", `"B"`))
-	time.Sleep(3 * time.Second) // fenced, then recovered again: retrying
-	began := time.Now()
-	r.stop()
-	if took := time.Since(began); took > cfg.Pipeline.ShutdownGrace+time.Second {
-		t.Errorf("shutdown took %s while a recovery retried, above shutdown_grace %s", took, cfg.Pipeline.ShutdownGrace)
+	r = run(t, pl, reg)
+	select {
+	case <-heldOne: // in/0's offset 1 was polled (its replay holds it)
+	case <-time.After(waitTimeout):
+		t.Fatal("in/0 was never fetched past offset 1")
 	}
+	time.Sleep(500 * time.Millisecond)
+	aborted := failNextTxnOffsetCommit(kc, nil)
+	produceTo(t, kc, "in", &kgo.Record{Partition: 1, Key: []byte("b1"), Value: []byte(`1`)})
+	select {
+	case <-aborted:
+	case <-time.After(waitTimeout):
+		t.Fatal("in/1's round never came")
+	}
+	time.Sleep(500 * time.Millisecond)
+	fault.Remove()
+
+	want := map[string][]string{"k0": {`0`}, "k1": {`1`}, "k2": {`1`}, "k3": {`1`}, "b1": {`1`}}
+	waitFor(t, "every record delivered", func() (bool, string) {
+		got := byKey(kc.ReadAll("out"))
+		for k := range want {
+			if got[k] == nil {
+				return false, fmt.Sprint(got)
+			}
+		}
+		return true, ""
+	})
+	time.Sleep(2 * time.Second) // anything more the replay delivers
+	out := kc.ReadAll("out")
+	got := byKey(out)
+	for k, vs := range want {
+		if len(got[k]) != len(vs) {
+			t.Errorf("%s delivered %d times to read_committed readers, want %d: %s", k, len(got[k]), len(vs), dump(out))
+		}
+	}
+	r.stop()
 }
 
-var _ = config.DeliveryExactlyOnce
+// The rewind of TestExactlyOnceRewoundHeldReplayDeliversOnce, on a route
+// without shadow, where the replay owes an entity: the entity's last
+// forwarded content is delivered, and each content once. The input is
+// compacted and the entity is a JSON pointer (/id), so Kafka keys and
+// entities differ:
+//
+//	o1 key a {"id":"e","v":1}  forwarded, logged
+//	o2 key b {"id":"e","v":2}  forwarded, logged; compacted away (o4)
+//	o3 key c {"id":"f","v":1}  forwarded, logged
+//	o4 key b {"id":"e","v":2}  o2's duplicate, not logged
+//	o5 key z {"id":"z","v":1}  forwarded (keeps o4 out of the last batch)
+//
+// None of o1-o5 was delivered (C = 1, P = 6). The replay reads o1
+// (delivers e v1), then o3: skipTo passes the unreadable o2, so e is owed
+// and o4, e's next readable record, must be delivered for it. Both rounds
+// hold the replay and end without End. Another partition's round aborts:
+// franz-go rewinds in/0 to 1, and the replay reads o1 again, an offset its
+// log no longer names (consumed). Taken for e's next readable record
+// (owes), o1 (v1) would be delivered again as the owed content and the
+// debt forgotten; o4 would then be a plain duplicate, and the adapter would
+// get e v1 twice and never v2 (the content the store holds for e: its next
+// v2 is dropped as a duplicate too).
+func TestExactlyOnceRewoundHeldReplayKeepsOwedEntity(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 2, "out")
+	kc.CreateTopic("in", 2, "cleanup.policy", "compact")
+	dsn := pgtest.DSN(t)
+	rt := route("svc", "in", "out")
+	rt.Entity = "/id"
+	cfg := eosConfig(t, kc, dsn, "a", rt)
+	cfg.Pipeline.ShutdownGrace = 2 * time.Second
+	store := openStore(t, dsn)
+	r := start(t, cfg, store)
+	one(t, kc, "in", rec("k0", `{"id":"k0","v":0}`))
+	exactly(t, kc, "out", map[string][]string{"k0": {`{"id":"k0","v":0}`}})
+	waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+	r.stop()
+
+	gate := newProduceGate(t, kc, "out")
+	one(t, kc, "in", rec("a", `{"id":"e","v":1}`))
+	one(t, kc, "in", rec("b", `{"id":"e","v":2}`))
+	one(t, kc, "in", rec("c", `{"id":"f","v":1}`))
+	one(t, kc, "in", rec("b", `{"id":"e","v":2}`))
+	one(t, kc, "in", rec("z", `{"id":"z","v":1}`))
+	gate.close()
+	r = start(t, cfg, store)
+	waitProgress(t, store, cfg, "in", 0, 6)
+	r.crash()
+	gate.open()
+	kc.Compact()
+	if got := kc.ReadAll("in"); len(got) != 5 || got[2].Offset != 3 {
+		t.Fatalf("after compaction the input holds %s; want offsets 0, 1, 3, 4, 5", dump(got))
+	}
+
+	// One record batch per fetch; in/0's fetches past offset 3 (o1, o3
+	// read) fail until the other partition's round has aborted.
+	fault, past := faultFetchPast(t, kc, "in", 0, 3)
+	validate(t, &cfg)
+	reg := prometheus.NewRegistry()
+	pl, err := pipeline.New(cfg, store, pipeline.WithLogger(zaptest.NewLogger(t)), pipeline.WithRegisterer(reg),
+		pipeline.WithKafkaOptions(kgo.FetchMaxPartitionBytes(1), kgo.DisableFetchSessions()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, pl, reg)
+	select {
+	case <-past:
+	case <-time.After(waitTimeout):
+		t.Fatal("in/0 was never fetched past offset 3")
+	}
+	time.Sleep(500 * time.Millisecond)
+	aborted := failNextTxnOffsetCommit(kc, nil)
+	produceTo(t, kc, "in", &kgo.Record{Partition: 1, Key: []byte("p1"), Value: []byte(`{"id":"p1","v":1}`)})
+	select {
+	case <-aborted:
+	case <-time.After(waitTimeout):
+		t.Fatal("in/1's round never came")
+	}
+	time.Sleep(500 * time.Millisecond)
+	fault.Remove()
+
+	waitFor(t, "the replay delivered", func() (bool, string) {
+		got := byKey(kc.ReadAll("out"))
+		return got["z"] != nil && got["p1"] != nil, fmt.Sprint(got)
+	})
+	time.Sleep(2 * time.Second)
+	var e []string
+	for _, o := range kc.ReadAll("out") {
+		if v := string(o.Value); strings.Contains(v, `"id":"e"`) {
+			e = append(e, v)
+		}
+	}
+	if len(e) == 0 || e[len(e)-1] != `{"id":"e","v":2}` {
+		t.Errorf("entity e: delivered %q; its last forwarded content v2 never reached the adapter", e)
+	}
+	if len(e) > 2 {
+		t.Errorf("entity e: delivered %d times, want v1 and v2 once each", len(e))
+	}
+	r.stop()
+}

@@ -17,15 +17,6 @@ import (
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// hrec builds an input record with headers given as name, value pairs.
-func hrec(key, value string, headers ...string) *kgo.Record {
-	r := rec(key, value)
-	for i := 0; i+1 < len(headers); i += 2 {
-		r.Headers = append(r.Headers, kgo.RecordHeader{Key: headers[i], Value: []byte(headers[i+1])})
-	}
-	return r
-}
-
 // copies returns fresh copies of recs (a produced record cannot be
 // produced again).
 func copies(recs []*kgo.Record) []*kgo.Record {
@@ -34,40 +25,6 @@ func copies(recs []*kgo.Record) []*kgo.Record {
 		out[i] = &kgo.Record{Key: r.Key, Value: r.Value, Headers: r.Headers}
 	}
 	return out
-}
-
-// values returns the values of recs, marked "(dup)" when they carry the
-// shadow header.
-func values(recs []*kgo.Record) []string {
-	var vs []string
-	for _, r := range recs {
-		v := string(r.Value)
-		if headers(r)[pipeline.HeaderDuplicate] == "true" {
-			v += "(dup)"
-		}
-		vs = append(vs, v)
-	}
-	return vs
-}
-
-// modeRoute is a route of the given mode (with its required settings) and
-// a dead-letter topic, on topics named after the service.
-func modeRoute(service, mode string) config.Route {
-	rt := route(service, "in."+service, "out."+service)
-	rt.DeadLetter = "dlq." + service
-	rt.Mode = mode
-	if mode == config.ModeWindow {
-		rt.Window = time.Hour
-	}
-	return rt
-}
-
-func modeTopics(services ...string) []string {
-	var ts []string
-	for _, s := range services {
-		ts = append(ts, "in."+s, "out."+s, "dlq."+s)
-	}
-	return ts
 }
 
 // TestWindowMode: the identity is the message id; a repeated id is a

@@ -14,9 +14,9 @@ import (
 )
 
 // New validates the configuration it is given, as Load does: a Config
-// built in code with entity: /banana_id deduplicates by that pointer (it
-// used to be deduplicated by key, the entity never parsed), and an invalid
-// one is refused with the key named.
+// built in code with entity: /banana_id deduplicates by that pointer (not
+// by key, the entity never parsed), and an invalid one is refused with the
+// key named.
 func TestNewValidatesConfig(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")

@@ -4,16 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
+	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/dedup"
@@ -22,28 +19,14 @@ import (
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// deliveries are the delivery modes a test runs in.
-var deliveries = []string{config.DeliveryAtLeastOnce, config.DeliveryExactlyOnce}
-
-// inMode sets cfg's delivery mode (with a transactional id of its own in
-// exactly-once mode).
-func inMode(cfg config.Config, delivery string) config.Config {
-	cfg.Kafka.Delivery = delivery
-	if delivery == config.DeliveryExactlyOnce {
-		cfg.Kafka.TransactionalID = cfg.Kafka.Group + "-tx"
-	}
-	return cfg
-}
-
-// Poison records (issue 18, items 10 to 12), each written by any producer:
-// an identity longer than the store can index (a key, an Idempotency-Key
-// header, a pointer value, an entity header), forged dam-* headers, and a
-// duplicate member name of 490 kB. Each goes to the dead-letter topic with
-// a short error naming it (or, forged headers, is forwarded without them),
-// and the good records around them go on, in every mode and both delivery
-// modes. (A 3,000-byte key used to fail the store's insert and halt the
-// partition for good, dead_letter or not; the headers were kept; the huge
-// name made a dead letter too large to produce.)
+// Poison records, each written by any producer: an identity longer than
+// the store can index (a key, an Idempotency-Key header, a pointer value,
+// an entity header), forged dam-* headers, and a duplicate member name of
+// 490 kB. Each goes to the dead-letter topic with a short error naming it
+// (or, forged headers, is forwarded without them), and the good records
+// around them go on, in every mode and both delivery modes: no such record
+// fails the store's insert and halts its partition, keeps a forged header,
+// or makes a dead letter too large to produce.
 func TestPoisonRecords(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -170,66 +153,11 @@ func TestLongIdentityHaltsWithoutDeadLetter(t *testing.T) {
 	}
 }
 
-// storeRefuses makes the store itself refuse to write the state of entity
-// poison (a data exception, as an index row too large was), the way a
-// record that passed dam's own checks could still be refused.
-func storeRefuses(t *testing.T, dsn string) {
-	t.Helper()
-	createTrigger(t, openStore(t, dsn), `CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.entity = 'poison'::bytea THEN
-				RAISE EXCEPTION 'value refused for the test' USING ERRCODE = '22023';
-			END IF;
-			RETURN NEW;
-		END $$`,
-		`CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON state FOR EACH ROW EXECUTE FUNCTION refuse_poison()`)
-}
-
-// createTrigger creates a trigger function and its trigger on st's
-// schema, on Citus too: Citus refuses triggers on distributed tables
-// unless citus.enable_unsafe_triggers is on (it then creates them on every
-// shard), and propagates a new function to the workers with the text of
-// the query that created it, so each statement is a query of its own. On
-// plain PostgreSQL the setting is a placeholder nothing reads.
-func createTrigger(t *testing.T, st *dedup.Store, function, trigger string) {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := st.Pool().Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	for _, sql := range []string{`SET citus.enable_unsafe_triggers TO on`, function, trigger, `RESET citus.enable_unsafe_triggers`} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// dropTrigger drops a trigger createTrigger made, on Citus too (with the
-// same setting: Citus refuses DDL on a distributed table's triggers
-// without it).
-func dropTrigger(t *testing.T, st *dedup.Store, trigger string) {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := st.Pool().Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	for _, sql := range []string{`SET citus.enable_unsafe_triggers TO on`, trigger, `RESET citus.enable_unsafe_triggers`} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // No error of the store about one record halts a partition that has a
-// dead-letter topic (issue 18, item 10): the batch is decided again one
-// record at a time, the record the store refuses alone is dead-lettered
-// with the store's error, and everything around it is decided as usual.
-// Without a dead-letter topic the partition halts at that record, naming
-// its offset.
+// dead-letter topic: the batch is decided again one record at a time, the
+// record the store refuses alone is dead-lettered with the store's error,
+// and everything around it is decided as usual. Without a dead-letter
+// topic the partition halts at that record, naming its offset.
 func TestStoreRefusesOneRecord(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -296,58 +224,11 @@ func TestStoreRefusesOneRecord(t *testing.T) {
 	}
 }
 
-// keep kgo imported for the helpers above.
-var _ = kgo.Record{}
-
-// refuseProduce makes the broker refuse every produce to each topic of
-// codes, for good (a non-retriable error code per partition), while on.
-func refuseProduce(t *testing.T, kc *testkafka.Cluster, codes map[string]int16) *atomic.Bool {
-	t.Helper()
-	on := &atomic.Bool{}
-	ids := map[[16]byte]string{}
-	td, err := kadm.NewClient(kc.Client()).ListTopics(context.Background(), slices.Collect(maps.Keys(codes))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range td {
-		ids[d.ID] = d.Topic
-	}
-	kc.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		kc.KeepControl()
-		if !on.Load() {
-			return nil, nil, false
-		}
-		preq := req.(*kmsg.ProduceRequest)
-		refused := false
-		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
-		for _, pt := range preq.Topics {
-			name := pt.Topic
-			if name == "" {
-				name = ids[pt.TopicID]
-			}
-			code, ok := codes[name]
-			if !ok {
-				return nil, nil, false // a request mixing topics: let it through
-			}
-			refused = true
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic, rt.TopicID = pt.Topic, pt.TopicID
-			for _, p := range pt.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition, rp.ErrorCode = p.Partition, code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, refused
-	})
-	return on
-}
-
 // A record Kafka refuses for good, whose dead letter (without the value)
 // Kafka refuses too, halts its partition with an error saying so, in both
-// delivery modes: exactly-once used to abort and replay the round forever,
-// never halting, and at-least-once said the route had no dead_letter topic.
+// delivery modes: exactly-once does not abort and replay the round for
+// ever without halting, and at-least-once does not say the route has no
+// dead_letter topic.
 func TestRefusedDeadLetterHalts(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -375,4 +256,111 @@ func TestRefusedDeadLetterHalts(t *testing.T) {
 			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
 		})
 	}
+}
+
+// hugeKey is a record whose key is just under the input topic's
+// max.message.bytes at Kafka's default (1,048,588 bytes): 61 + 3 + (3 + 3
+// + K + 2 + 1) = K + 73 = 1,048,473 bytes in a batch of its own. Any
+// producer can write it. Its key is longer than dedup.MaxEntityBytes:
+// bad input, to be dead-lettered.
+func hugeKey() *kgo.Record {
+	return &kgo.Record{Key: []byte(strings.Repeat("k", 1_048_400)), Value: []byte(`1`)}
+}
+
+// produceBig produces recs to topic/partition one at a time, with a
+// producer that takes records up to Kafka's default limit.
+func produceBig(t *testing.T, kc *testkafka.Cluster, topic string, part int32, recs ...*kgo.Record) {
+	t.Helper()
+	cl := kc.Client(kgo.ProducerBatchMaxBytes(1048588), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	for _, r := range recs {
+		r.Topic, r.Partition = topic, part
+		if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+			t.Fatalf("produce: %v", err)
+		}
+	}
+}
+
+// A record whose key is about 1 MB (hugeKey), which any producer can
+// write, is dead-lettered and its partition goes on, in at-least-once
+// mode. DESIGN §2: "A record Kafka refuses for good: dead letter without
+// its value ..., or a halt of that partition alone when the route has no
+// dead-letter topic"; docs: identities longer than 1 KiB are bad input,
+// dead-lettered.
+//
+// The record's dead letter is the record plus dam's headers: larger than
+// the dead-letter topic accepts (the same default limit as the input).
+// precheck replaces it with the refused letter, which leaves out the
+// value and, longer than an identity may be, the key too
+// (route.refusedLetter): it fits, and the partition does not halt saying
+// that route svc has no dead_letter topic, nor halt there again at every
+// restart.
+func TestHugeKeyDeadLettered(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out", "dlq")
+	dsn := pgtest.DSN(t)
+	rt := route("svc", "in", "out")
+	rt.DeadLetter = "dlq"
+	cfg := testConfig(t, kc, dsn, rt)
+	r := start(t, cfg, openStore(t, dsn))
+	produceBig(t, kc, "in", 0, rec("a", `1`), hugeKey(), rec("b", `1`))
+	var last error
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if last = r.pl.Ready(); errors.Is(last, pipeline.ErrHalted) || len(kc.ReadAll("out")) == 2 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if last != nil {
+		t.Errorf("one record halts a partition that has a dead-letter topic: %s", short(last.Error(), 300))
+	}
+	if out := kc.ReadAll("out"); len(out) != 2 {
+		t.Errorf("delivered %s; want a and b (the huge key dead-lettered)", dump(out))
+	}
+	r.stop()
+}
+
+// The record of TestHugeKeyDeadLettered, in exactly-once mode: it is
+// dead-lettered once, the records around it on in/0 are delivered, and
+// the rounds do not abort in a loop. A refused letter the broker refused
+// again would fail its round: abort, replan, replay, refused again, for
+// ever with backoff, never a halt (Ready saying "produce to dlq" as a
+// pause), nothing of in/0 delivered, not even the records before the
+// hostile one; and since one transaction carries every partition of a
+// round, another partition's records would abort with it whenever they
+// shared a round. in/1, which holds no hostile record, is checked to get
+// every record through, and dam_delivery_errors_total to stay low.
+func TestHugeKeyDeadLetteredExactlyOnce(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 2, "in", "out", "dlq")
+	dsn := pgtest.DSN(t)
+	rt := route("svc", "in", "out")
+	rt.DeadLetter = "dlq"
+	cfg := eosConfig(t, kc, dsn, "a", rt)
+	r := start(t, cfg, openStore(t, dsn))
+	produceBig(t, kc, "in", 0, rec("a", `1`), hugeKey(), rec("b", `1`))
+	time.Sleep(2 * time.Second)
+	for i := range 10 {
+		produceTo(t, kc, "in", &kgo.Record{Partition: 1, Key: []byte(fmt.Sprintf("p1-%d", i)), Value: []byte(`1`)})
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(10 * time.Second)
+	out := byKey(kc.ReadAll("out"))
+	p1 := 0
+	for k := range out {
+		if strings.HasPrefix(k, "p1-") {
+			p1++
+		}
+	}
+	err := r.pl.Ready()
+	if out["a"] == nil || out["b"] == nil || len(kc.ReadAll("dlq")) != 1 {
+		t.Errorf("in/0 stalls on the hostile record: delivered a=%q b=%q, %d dead letters; Ready: %s", out["a"], out["b"], len(kc.ReadAll("dlq")), short(fmt.Sprint(err), 300))
+	}
+	if p1 != 10 {
+		t.Errorf("in/1 (no hostile record) delivered %d of 10 records", p1)
+	}
+	if n := r.counter("dam_delivery_errors_total", "svc"); n > 3 {
+		t.Errorf("%v aborted rounds in 12 s: an endless abort loop, never a halt", n)
+	}
+	r.stop()
 }

@@ -8,11 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
@@ -20,20 +17,6 @@ import (
 	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
-
-// startObserved starts a pipeline whose log the test reads.
-func startObserved(t *testing.T, cfg config.Config) (*running, *observer.ObservedLogs) {
-	t.Helper()
-	validate(t, &cfg)
-	core, logs := observer.New(zapcore.InfoLevel)
-	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), core))
-	reg := prometheus.NewRegistry()
-	pl, err := pipeline.New(cfg, openStore(t, cfg.Postgres.DSN), pipeline.WithLogger(log), pipeline.WithRegisterer(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return run(t, pl, reg), logs
-}
 
 // A missing output topic at start is logged with the command that creates
 // it, and Ready names it until it exists; then the records flow.

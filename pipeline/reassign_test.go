@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -81,4 +82,53 @@ func TestStandbyIsReady(t *testing.T) {
 	if a.gauge("dam_partitions_assigned", "svc")+b.gauge("dam_partitions_assigned", "svc") != 1 {
 		t.Errorf("the one partition is not owned exactly once")
 	}
+}
+
+// An idle exactly-once member that loses partitions in two rebalances
+// hears of both: after each, it holds no worker of a partition it no
+// longer owns (dam_partitions_assigned, the poll budget max_in_flight x
+// partitions and /readyz count only what it holds). franz-go's
+// GroupTransactSession calls the application's OnPartitionsRevoked only
+// for the first revocation between two End calls (its wrapper returns
+// early while s.revoked is set, and only End clears it), and a round ends
+// with End only when it delivers or commits something. A worker kept for
+// a partition the member no longer owns would be planned against the new
+// owner's epoch: fenced, it would force a rebalance, and onJoined would
+// recover a partition this member does not hold, bumping the epoch under
+// its real owner.
+func TestExactlyOnceEveryRevocationReleasesPartitions(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 4, "in", "out")
+	dsn := pgtest.DSN(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	a := start(t, cfg, openStore(t, dsn))
+	waitFor(t, "a owning the 4 partitions", func() (bool, string) {
+		n := a.gauge("dam_partitions_assigned", "svc")
+		return n == 4, fmt.Sprint(n)
+	})
+	cfgB := cfg
+	cfgB.Kafka.TransactionalID = cfg.Kafka.Group + "-b"
+	b := start(t, cfgB, openStore(t, dsn))
+	waitFor(t, "a giving 2 partitions to b", func() (bool, string) {
+		n, m := a.gauge("dam_partitions_assigned", "svc"), b.gauge("dam_partitions_assigned", "svc")
+		return n == 2 && m == 2, fmt.Sprint(n, m)
+	})
+	b.stop()
+	waitFor(t, "a owning the 4 partitions again", func() (bool, string) {
+		n := a.gauge("dam_partitions_assigned", "svc")
+		return n == 4, fmt.Sprint(n)
+	})
+	cfgC := cfg
+	cfgC.Kafka.TransactionalID = cfg.Kafka.Group + "-c"
+	c := start(t, cfgC, openStore(t, dsn))
+	waitFor(t, "c owning 2 partitions", func() (bool, string) {
+		m := c.gauge("dam_partitions_assigned", "svc")
+		return m == 2, fmt.Sprint(m)
+	})
+	time.Sleep(3 * time.Second)
+	if n := a.gauge("dam_partitions_assigned", "svc"); n != 2 {
+		t.Errorf("a reports %v partitions assigned (workers registered) while it holds 2 and c holds the other 2", n)
+	}
+	c.stop()
+	a.stop()
 }

@@ -11,30 +11,20 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
 
-// one produces records to partition 0 of topic in one request (one record
-// batch: the pipeline fetches and decides them together).
-func one(t *testing.T, kc *testkafka.Cluster, topic string, recs ...*kgo.Record) {
-	t.Helper()
-	for _, r := range recs {
-		r.Partition = 0
-	}
-	produceTo(t, kc, topic, recs...)
-}
-
-// Finding 1: batches forwarded undecided while PostgreSQL was down
-// (on_store_failure: forward) are written back with their decision log, so
-// that a crash before their offsets are committed finds the log covering
-// [C, P) and re-delivers every forward, the logged batches around them
-// included. (They used to be written without a log: recovery read the gap as
-// "not covered" and continued from P, losing A1 B1 C2 A2 B3 D3 below.)
+// Batches forwarded undecided while PostgreSQL was down (on_store_failure:
+// forward) are written back with their decision log, so that a crash
+// before their offsets are committed finds the log covering [C, P) and
+// re-delivers every forward, the logged batches around them included.
+// (Written without a log, they would leave a gap recovery reads as "not
+// covered": it would continue from P, losing A1 B1 C2 A2 B3 D3 below.)
 func TestUndecidedBatchesAreLogged(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -74,10 +64,10 @@ func TestUndecidedBatchesAreLogged(t *testing.T) {
 	r.stop()
 }
 
-// Finding 2: when compaction removed a logged forward (o1: k1 "A") because a
-// later record has the same key (o2: k1 "A", logged as its duplicate),
-// recovery delivers o2: the entity's next readable record in [C, P). (It
-// used to reset k1's state only, so "A" never reached the adapter.)
+// When compaction removed a logged forward (o1: k1 "A") because a later
+// record has the same key (o2: k1 "A", logged as its duplicate), recovery
+// delivers o2: the entity's next readable record in [C, P). (Resetting
+// k1's state alone would leave "A" never delivered to the adapter.)
 func TestUnreadableForwardDeliversNextRecord(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "out")
@@ -145,10 +135,10 @@ func TestUnreadableForwardResetsEntity(t *testing.T) {
 	r.stop()
 }
 
-// Finding 8, first window: with kafka.start latest, P is set when the
-// partition is assigned, so records produced while the process is down,
-// before it decided anything, are not skipped. (P used to be set only from
-// the first record decided: a restart started at the end again.)
+// With kafka.start latest, P is set when the partition is assigned, so
+// records produced while the process is down, before it decided anything,
+// are not skipped. (A P set only from the first record decided would make
+// a restart start at the end again.)
 func TestStartLatestSetsProgressAtAssignment(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -166,9 +156,9 @@ func TestStartLatestSetsProgressAtAssignment(t *testing.T) {
 	r.stop()
 }
 
-// Finding 8, second window: without a committed offset (it never existed
-// or expired), recovery replays the decision log instead of continuing from
-// P, which dropped batches decided but not delivered.
+// Without a committed offset (it never existed or expired), recovery
+// replays the decision log instead of continuing from P, which would drop
+// batches decided but not delivered.
 func TestNoCommittedOffsetReplaysLog(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -193,10 +183,9 @@ func TestNoCommittedOffsetReplaysLog(t *testing.T) {
 	r.stop()
 }
 
-// Finding 8, third window: when the input is recreated under dam (its
-// offsets start again below P), franz-go reports data loss; the partition
-// halts with an error naming it instead of skipping the new records as
-// "below the decided progress".
+// When the input is recreated under dam (its offsets start again below
+// P), franz-go reports data loss; the partition halts with an error naming
+// it instead of skipping the new records as "below the decided progress".
 func TestInputRecreatedHalts(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -235,11 +224,11 @@ func TestInputRecreatedHalts(t *testing.T) {
 	r.stop()
 }
 
-// Finding 5: a lost COMMIT reply followed by an outage that also fails the
-// read of P. The outcome must be learned from P (retrying the read) before
+// A lost COMMIT reply followed by an outage that also fails the read of
+// P. The outcome must be learned from P (retrying the read) before
 // deciding again: the batch did commit, so deciding it again would be
-// fenced and the partition parked for good. (Decide used to run again as
-// soon as the read failed.)
+// fenced and the partition parked for good. Decide does not run again as
+// soon as the read fails.
 func TestLostCommitReplyDuringOutage(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -276,14 +265,14 @@ func TestLostCommitReplyDuringOutage(t *testing.T) {
 	r.stop()
 }
 
-// Issue 18, item 7: the input topic deleted and recreated while dam was
-// stopped halts the partition at recovery with an error naming it, in both
-// delivery modes: whether the new topic has fewer records than dam's
-// progress (its end is below P) or more (only its id tells), and with a
-// progress from before dam recorded topic ids: then Kafka's committed
-// offset, deleted with the old topic, is missing too, and dam cannot tell
-// a new topic from the old one, so it does not bind the new one's id to
-// the old progress (skipping [0, P) of it) but halts.
+// The input topic deleted and recreated while dam was stopped halts the
+// partition at recovery with an error naming it, in both delivery modes:
+// whether the new topic has fewer records than dam's progress (its end is
+// below P) or more (only its id tells), and with a progress from before
+// dam recorded topic ids: then Kafka's committed offset, deleted with the
+// old topic, is missing too, and dam cannot tell a new topic from the old
+// one, so it does not bind the new one's id to the old progress (skipping
+// [0, P) of it) but halts.
 func TestInputRecreatedWhileStoppedHalts(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -398,13 +387,13 @@ func TestUnboundProgressWithoutOffsetsHaltsUntilBound(t *testing.T) {
 	}
 }
 
-// Issue 18, item 8: when the group's committed offsets are gone (they
-// expired while the group sat empty), recovery replays the decision log
-// from the committed offset dam recorded, not from the log's first row:
-// after a clean stop nothing delivered is delivered again, in either
-// delivery mode. (The log rows of the last seconds before the stop, not yet
-// pruned, were replayed: repeats past the in-flight bound, and in
-// exactly-once mode.)
+// When the group's committed offsets are gone (they expired while the
+// group sat empty), recovery replays the decision log from the committed
+// offset dam recorded, not from the log's first row: after a clean stop
+// nothing delivered is delivered again, in either delivery mode. (The log
+// rows of the last seconds before the stop are not yet pruned: replayed,
+// they would be repeats past the in-flight bound, and in exactly-once
+// mode.)
 func TestOffsetsExpiredReplaysNothingDelivered(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -441,9 +430,9 @@ func TestOffsetsExpiredReplaysNothingDelivered(t *testing.T) {
 	}
 }
 
-// Issue 18, item 9: a record dead-lettered when decided, replayed after the
-// route's dead_letter was removed, halts its partition with an error
-// saying so, in both delivery modes. (It was counted and dropped.)
+// A record dead-lettered when decided, replayed after the route's
+// dead_letter was removed, halts its partition with an error saying so,
+// in both delivery modes, rather than being counted and dropped.
 func TestReplayedDeadLetterWithoutDeadLetterTopicHalts(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -484,10 +473,10 @@ func TestReplayedDeadLetterWithoutDeadLetterTopicHalts(t *testing.T) {
 	}
 }
 
-// Issue 18, item 9: in version mode, the record a replay delivers for an
-// entity whose logged forward was compacted away is never a stale version:
-// o1 (k1 version 5) was forwarded and not delivered, o2 (k1 version 3,
-// stale) superseded it in compaction. The replay does not deliver o2; the
+// In version mode, the record a replay delivers for an entity whose
+// logged forward was compacted away is never a stale version: o1 (k1
+// version 5) was forwarded and not delivered, o2 (k1 version 3, stale)
+// superseded it in compaction. The replay does not deliver o2; the
 // entity's state is reset, so its next record is forwarded.
 func TestVersionReplayDeliversNoStaleVersion(t *testing.T) {
 	t.Parallel()
@@ -547,6 +536,91 @@ func TestLogPrunedBelowCommitted(t *testing.T) {
 				err := store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM decision_log WHERE end_offset <= 2`).Scan(&n)
 				return err == nil && n == 0, fmt.Sprint(n, err)
 			})
+			r.stop()
+		})
+	}
+}
+
+// Offsets moved back by hand right after a clean stop replay nothing
+// already delivered, in both delivery modes (a duplicate in exactly-once
+// mode, one beyond the in-flight bound in at-least-once mode).
+// docs/delivery.md: "C < P, no log (offsets moved back by hand): continue
+// from P: dam forwards changes only; to re-deliver on purpose, reset the
+// state". The log is pruned below C only now and then, and not at a clean
+// stop, so right after a stop it still covers the last batches delivered.
+// An operator who moves the group's offset back (kafka-consumer-groups
+// --reset-offsets --shift-by -2) makes recovery find C < P with the log
+// covering [C, P), as after a crash; the offset the store recorded as
+// delivered, at P, tells it those batches were delivered: the replay
+// starts at max(C, the delivered offset) (plan.go planRecovery).
+func TestOffsetsMovedBackReplaysNothingDelivered(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out")
+			dsn := pgtest.DSN(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			store := openStore(t, dsn)
+			r := start(t, cfg, store)
+			// Two batches within pruneEvery: the log of the second is kept.
+			one(t, kc, "in", rec("a", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 1)
+			one(t, kc, "in", rec("b", `1`), rec("c", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 3)
+			r.stop()
+			prog, err := store.ReadProgress(context.Background(), dedup.Partition{Group: cfg.Kafka.Group, Topic: "in", Partition: 0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("after the stop: P=%d, delivered=%d", prog.Next, prog.Delivered)
+			commitByHand(t, kc, cfg.Kafka.Group, "in", 1) // moved back by hand
+			r = start(t, cfg, store)
+			one(t, kc, "in", rec("d", `1`))
+			waitCommitted(t, kc, cfg.Kafka.Group, "in", 0, 4)
+			r.stop()
+			got := byKey(kc.ReadAll("out"))
+			for _, k := range []string{"a", "b", "c", "d"} {
+				if len(got[k]) != 1 {
+					t.Errorf("%s delivered %d times, want once (offsets moved back by hand: continue from P)", k, len(got[k]))
+				}
+			}
+		})
+	}
+}
+
+// A recovery that fails for good at a partition's first assignment (here
+// the store refuses the epoch bump, as a revoked grant or a broken schema
+// would) leaves the partition halted, and says so: Ready() reports it and
+// dam_halted counts it, in both delivery modes, as after a failed
+// re-recovery (holdUnrecovered registers halted workers for both). A
+// partition left without a worker would stall silently: nothing consumed,
+// /readyz ready (Ready() looks at the workers, and there would be none),
+// dam_halted 0, and the member rebalancing the whole group each time
+// franz-go rejoins and recovery fails again.
+func TestFailedFirstRecoveryHalts(t *testing.T) {
+	t.Parallel()
+	for _, delivery := range deliveries {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			kc := testkafka.New(t, 1, "in", "out")
+			dsn := pgtest.DSN(t)
+			cfg := inMode(testConfig(t, kc, dsn, route("svc", "in", "out")), delivery)
+			store := openStore(t, dsn)
+			// The partition has a progress row already (a restart), and
+			// the store now refuses to bump its epoch.
+			if _, err := store.Acquire(context.Background(), dedup.Partition{Group: cfg.Kafka.Group, Topic: "in", Partition: 0}); err != nil {
+				t.Fatal(err)
+			}
+			failAcquire(t, dsn, cfg.Kafka.Group)
+			r := start(t, cfg, store)
+			one(t, kc, "in", rec("k", `1`))
+			time.Sleep(8 * time.Second)
+			err := r.pl.Ready()
+			halted := r.gauge("dam_halted", "svc")
+			if err == nil || halted == 0 {
+				t.Errorf("in/0 cannot be recovered and consumes nothing, yet Ready() = %v and dam_halted = %v (delivered: %d records)", err, halted, len(kc.ReadAll("out")))
+			}
 			r.stop()
 		})
 	}

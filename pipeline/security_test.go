@@ -16,7 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
@@ -28,28 +27,6 @@ import (
 	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
-
-// The harness authenticates as a superuser; dam as its own user.
-const (
-	adminUser, adminPass = "admin", "admin-secret"
-	damUser, damPass     = "dam", "dam-secret"
-)
-
-// adminAuth is the harness's SASL login to a secured kfake.
-func adminAuth() kgo.Opt {
-	return kgo.SASL(scram.Auth{User: adminUser, Pass: adminPass}.AsSha256Mechanism())
-}
-
-// saslCluster starts kfake requiring SASL, with the harness's superuser,
-// dam's user for every mechanism, and the topics in and out.
-func saslCluster(t *testing.T, more ...kfake.Opt) *testkafka.Cluster {
-	t.Helper()
-	opts := []kfake.Opt{kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", adminUser, adminPass)}
-	for _, m := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
-		opts = append(opts, kfake.User(m, damUser, damPass))
-	}
-	return testkafka.NewWith(t, 2, []string{"in", "out"}, append(opts, more...), adminAuth())
-}
 
 // A B A B A forwards five records, A A A A B two: the records that prove
 // the pipeline decided, not merely passed records through.

@@ -9,17 +9,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/dedup"
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
 
-// Finding 6: a partition revoked while its owner is shutting down (a
-// rolling deploy: the new pod joins as the old one drains) is released
-// only once the old owner has finished it: its late produce cannot land
-// after the new owner's record. Here the old owner A cannot deliver v1 (its
-// producer is refused) when B joins; B receives a newer v2. Whatever
-// partition B takes, the adapter must end on v2. (A used to release the
-// partition at once: B delivered v2, then A's v1 landed after it.)
+// A partition revoked while its owner is shutting down (a rolling deploy:
+// the new pod joins as the old one drains) is released only once the old
+// owner has finished it: its late produce cannot land after the new
+// owner's record. Here the old owner A cannot deliver v1 (its producer is
+// refused) when B joins; B receives a newer v2. Whatever partition B
+// takes, the adapter must end on v2 (a partition released at once would
+// let B deliver v2 and A's v1 land after it).
 func TestRevokedWhileShuttingDownFinishesFirst(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 2, "in", "out")
@@ -57,9 +58,9 @@ func TestRevokedWhileShuttingDownFinishesFirst(t *testing.T) {
 	b.stop()
 }
 
-// Finding 7: shutdown during a broker outage exits within
-// pipeline.shutdown_grace (plus a little): the produce that cannot finish is
-// abandoned and the next owner delivers what the decision log holds.
+// A shutdown during a broker outage exits within pipeline.shutdown_grace
+// (plus a little): the produce that cannot finish is abandoned and the
+// next owner delivers what the decision log holds.
 func TestShutdownDuringBrokerOutage(t *testing.T) {
 	t.Parallel()
 	kc := testkafka.New(t, 1, "in", "out")
@@ -83,12 +84,12 @@ func TestShutdownDuringBrokerOutage(t *testing.T) {
 	}
 }
 
-// Issue 18, item 4: a shutdown while PostgreSQL is down ends within
-// pipeline.shutdown_grace, in both delivery modes, and an exactly-once
-// round retrying its decide through the outage gives the group's
-// rebalance its poll back. (The round kept retrying under a context the
-// shutdown never canceled: the process outlived the grace period and was
-// killed, and a rebalance waited for the outage to end.)
+// A shutdown while PostgreSQL is down ends within pipeline.shutdown_grace,
+// in both delivery modes, and an exactly-once round retrying its decide
+// through the outage gives the group's rebalance its poll back: the
+// round's retries end with the shutdown, so the process does not outlive
+// the grace period (to be killed), nor does a rebalance wait for the
+// outage to end.
 func TestShutdownDuringStoreOutage(t *testing.T) {
 	t.Parallel()
 	for _, delivery := range deliveries {
@@ -198,5 +199,83 @@ func TestShutdownDuringRecoveryStoreOutage(t *testing.T) {
 				t.Logf("shutdown took %s", took)
 			}
 		})
+	}
+}
+
+// A shutdown ends within pipeline.shutdown_grace (docs/delivery.md: "A
+// shutdown ends within pipeline.shutdown_grace in both modes.") while an
+// exactly-once partition waits to be planned again and PostgreSQL does not
+// answer (a network partition: Blackhole, not a refused connection). A
+// round that does not commit marks its partitions to be planned again
+// (uncommitted), and transactLoop runs replanPending before the next poll;
+// replan reads P from the store, which hangs. The shutdown ends that wait:
+// the store timeout (2 x statement_timeout + lock_timeout + 5 s = 17 s
+// here, once per partition planned again) would outlast the grace period,
+// and the orchestrator would SIGKILL the process.
+//
+// Interleaving: a round's TxnOffsetCommit fails (abort) and, at that
+// moment, PostgreSQL stops answering; the loop sleeps its backoff, then
+// replanPending -> replan -> ReadProgress waits; then the shutdown.
+func TestShutdownDuringReplanInStoreBlackhole(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	proxy, dsn, _ := pgProxy(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	cfg.Pipeline.ShutdownGrace = 3 * time.Second
+	cfg.Pipeline.RetryMin = 50 * time.Millisecond
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("k", `"A"`))
+	exactly(t, kc, "out", map[string][]string{"k": {`"A"`}})
+
+	failed := failNextTxnOffsetCommit(kc, proxy.Blackhole)
+	one(t, kc, "in", rec("k", `"B"`))
+	select {
+	case <-failed:
+	case <-time.After(waitTimeout):
+		t.Fatal("no TxnOffsetCommit came")
+	}
+	// The abort, the backoff (at most 200 ms), and replanPending is
+	// waiting for PostgreSQL.
+	time.Sleep(1500 * time.Millisecond)
+	began := time.Now()
+	r.stop()
+	took := time.Since(began)
+	proxy.Restore()
+	if took > cfg.Pipeline.ShutdownGrace+time.Second {
+		t.Errorf("shutdown took %s while PostgreSQL did not answer, above shutdown_grace %s", took.Round(100*time.Millisecond), cfg.Pipeline.ShutdownGrace)
+	} else {
+		t.Logf("shutdown took %s", took)
+	}
+}
+
+// A shutdown ends a recovery of fenced partitions (run again when the
+// group settles) that retries a transient refusal of the store: that
+// recovery runs in the group's callback, under the client's context,
+// which lives until Run has returned, so the shutdown must end its
+// retries itself or Run would wait for the store for good.
+func TestShutdownDuringReRecoveryRetries(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out")
+	dsn := pgtest.DSN(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	cfg.Pipeline.ShutdownGrace = 3 * time.Second
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	inspect := openStore(t, dsn)
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("k1", `"A"`))
+	exactly(t, kc, "out", map[string][]string{"k1": {`"A"`}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := inspect.Acquire(ctx, dedup.Partition{Group: cfg.Kafka.Group, Topic: "in", Partition: 0}); err != nil {
+		t.Fatal(err)
+	}
+	failAcquireWith(t, dsn, cfg.Kafka.Group, "40001") // serialization_failure: retried
+	one(t, kc, "in", rec("k1", `"B"`))
+	time.Sleep(3 * time.Second) // fenced, then recovered again: retrying
+	began := time.Now()
+	r.stop()
+	if took := time.Since(began); took > cfg.Pipeline.ShutdownGrace+time.Second {
+		t.Errorf("shutdown took %s while a recovery retried, above shutdown_grace %s", took, cfg.Pipeline.ShutdownGrace)
 	}
 }

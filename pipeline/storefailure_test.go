@@ -71,7 +71,7 @@ func TestOnStoreFailureForward(t *testing.T) {
 	}
 }
 
-// Finding 3: a lone bad record decided while PostgreSQL is down (with
+// A lone bad record decided while PostgreSQL is down (with
 // on_store_failure: forward) is dead-lettered and its offset written back
 // with the next batches: P covers it, so the next decide is not falsely
 // fenced and the partition does not stay not-ready until a restart.
@@ -104,4 +104,49 @@ func TestLoneBadRecordDuringOutage(t *testing.T) {
 		t.Errorf("dead letters %s, want the bad record", dump(dl))
 	}
 	r.stop()
+}
+
+// No error of the store about one record halts a partition that has a
+// dead-letter topic, a record forwarded undecided included. With
+// on_store_failure: forward, a record decided while PostgreSQL is down is
+// forwarded undecided and its batch kept pending, to be written back
+// (flush) once the store answers. When the store then refuses that record
+// (SQLSTATE class 22 or 54, what decideApart is for), the pending batch is
+// decided apart like any other, whether the partition is idle (decideLoop's
+// flush) or has new records (the flush's error is not taken for the new
+// batch's, which decided apart from the wrong start would be fenced). A
+// partition parked on the flush's error would stay halted, not ready, with
+// the raw store error naming no offset, until a restart.
+func TestUndecidedForwardTheStoreRefusesDoesNotHalt(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 1, "in", "out", "dlq")
+	proxy, dsn, direct := pgProxy(t)
+	rt := route("svc", "in", "out")
+	rt.DeadLetter = "dlq"
+	rt.OnStoreFailure = config.OnStoreFailureForward
+	cfg := testConfig(t, kc, dsn, rt)
+	cfg.Pipeline.RetryMin = 50 * time.Millisecond
+	cfg.Pipeline.RetryMax = 200 * time.Millisecond
+	r := start(t, cfg, openStore(t, dsn))
+	one(t, kc, "in", rec("a", `1`))
+	r.waitRecords("svc", 1)
+	storeRefuses(t, direct)
+
+	proxy.Cut()
+	one(t, kc, "in", rec("poison", `1`)) // forwarded undecided
+	r.waitRecords("svc", 2)
+	proxy.Restore()
+	time.Sleep(2 * time.Second) // the write-back of the undecided batch
+	one(t, kc, "in", rec("a", `2`))
+	var last error
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if last = r.pl.Ready(); last == nil && r.records("svc") == 3 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if last != nil || r.records("svc") != 3 {
+		t.Errorf("a partition with a dead-letter topic is halted by one record the store refuses: Ready() = %v, %d of 3 records through", last, r.records("svc"))
+	}
 }

@@ -18,21 +18,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/dam-dedup/dam/config"
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 	"github.com/dam-dedup/dam/pipeline"
 )
-
-// eosConfig is testConfig in exactly-once mode with a transactional id of
-// its own.
-func eosConfig(t *testing.T, kc *testkafka.Cluster, dsn, id string, routes ...config.Route) config.Config {
-	t.Helper()
-	cfg := testConfig(t, kc, dsn, routes...)
-	cfg.Kafka.Delivery = config.DeliveryExactlyOnce
-	cfg.Kafka.TransactionalID = cfg.Kafka.Group + "-" + id
-	return cfg
-}
 
 // stream is a random last-seen workload: records over entities, about a
 // third of them repeats of the entity's last value, with the model of what
@@ -56,26 +45,6 @@ func stream(n, entities int, seed uint64) ([]*kgo.Record, map[string][]string) {
 		in = append(in, rec(k, v))
 	}
 	return in, want
-}
-
-// exactly checks that topic, read read_committed, holds each key's model
-// values exactly once each, in order: no loss, no duplicate.
-func exactly(t *testing.T, kc *testkafka.Cluster, topic string, want map[string][]string) {
-	t.Helper()
-	n := 0
-	for _, vs := range want {
-		n += len(vs)
-	}
-	out := waitOutput(t, kc, topic, n)
-	got := byKey(out)
-	for k, vs := range want {
-		if !slices.Equal(got[k], vs) {
-			t.Errorf("key %s: delivered %q, want exactly %q", k, got[k], vs)
-		}
-	}
-	if len(got) != len(want) {
-		t.Errorf("%d keys delivered, want %d", len(got), len(want))
-	}
 }
 
 // Exactly-once: the output, read read_committed, is the model exactly, with

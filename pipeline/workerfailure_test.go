@@ -21,25 +21,6 @@ import (
 // PostgreSQL with Citus's catalog faked (pgtest.FakeCitusDSN), and a
 // trigger raising that error stands for the lost worker.
 
-// loseWorker makes the first n writes to table, from now on, fail as a
-// Citus coordinator reports a worker lost mid-statement (only those whose
-// row matches when, a condition on NEW).
-func loseWorker(t *testing.T, dsn, table, when string, n int) {
-	t.Helper()
-	st := openStore(t, dsn)
-	if _, err := st.Pool().Exec(context.Background(), `CREATE SEQUENCE lose_worker_`+table); err != nil {
-		t.Fatal(err)
-	}
-	createTrigger(t, st, fmt.Sprintf(`CREATE FUNCTION lose_worker_%[1]s() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF (%[2]s) AND nextval('lose_worker_%[1]s') <= %[3]d THEN
-				RAISE EXCEPTION 'connection to the remote node lost (the test''s)' USING ERRCODE = 'XX000';
-			END IF;
-			RETURN NEW;
-		END $$`, table, when, n),
-		fmt.Sprintf(`CREATE TRIGGER lose_worker BEFORE INSERT OR UPDATE ON %[1]s FOR EACH ROW EXECUTE FUNCTION lose_worker_%[1]s()`, table))
-}
-
 // A fresh dam on Citus whose recovery meets a lost worker (a worker
 // restarted while dam starts, or during a rebalance) waits it out and
 // goes on: recovery runs before any decide, and the store knows its

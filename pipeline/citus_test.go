@@ -1,17 +1,12 @@
 package pipeline_test
 
-// Adversarial tests of the sidecar on Citus (the store's own are in
+// Tests of the sidecar on Citus (the store's own are in
 // dedup/citus_test.go).
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,78 +15,6 @@ import (
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
-
-// commitPreparedDropper stands between the Citus coordinator and one
-// worker: once armed, the next COMMIT PREPARED the coordinator sends never
-// reaches the worker, and the connection is dropped, as when the worker
-// crashes (or the network fails) between the two phases of a commit. The
-// coordinator has committed: it warns and answers the client's COMMIT with
-// success; the worker keeps the transaction prepared, its rows locked and
-// its changes invisible, until Citus's recovery of prepared transactions
-// commits it.
-type commitPreparedDropper struct {
-	ln      net.Listener
-	target  string
-	armed   atomic.Bool
-	dropped chan struct{}
-	once    sync.Once
-}
-
-func newCommitPreparedDropper(t *testing.T, target string) *commitPreparedDropper {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &commitPreparedDropper{ln: ln, target: target, dropped: make(chan struct{})}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d.serve(c)
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
-	return d
-}
-
-func (d *commitPreparedDropper) serve(c net.Conn) {
-	defer c.Close()
-	up, err := net.Dial("tcp", d.target)
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	go func() {
-		_, _ = io.Copy(c, up)
-		c.Close()
-	}()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := c.Read(buf)
-		if n > 0 {
-			if bytes.Contains(buf[:n], []byte("COMMIT PREPARED")) && d.armed.CompareAndSwap(true, false) {
-				d.once.Do(func() { close(d.dropped) })
-				return // never delivered; both connections closed
-			}
-			if _, werr := up.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
 
 func citusAdmin(t *testing.T, sql ...string) { t.Helper(); pgtest.Admin(t, sql...) }
 
@@ -106,8 +29,8 @@ func routeWorkerThrough(t *testing.T, w *pglocal.Cluster, addr string) {
 	pgtest.RouteWorker(t, w, addr)
 }
 
-// Finding: on Citus, a replay after a crash delivers a stale version, and
-// then loses the newer ones, when the batch it replays committed on the
+// On Citus, a replay after a crash delivers no stale version, and loses
+// none of the newer ones, when the batch it replays committed on the
 // coordinator but is still prepared on the worker that holds the entity
 // (a worker lost between the two phases of the commit).
 //
@@ -123,13 +46,12 @@ func routeWorkerThrough(t *testing.T, w *pglocal.Cluster, addr string) {
 // committed and answered the COMMIT with success), k1's row stays prepared,
 // invisible, until Citus recovers it. The new owner's recovery is not held
 // up (P and the log are committed), and pipeline/recover.go's owes() reads
-// k1's version with GetMode, a plain read that does not wait for the
-// prepared transaction: it sees no state, takes o2 (version 3) for the
-// record to deliver, and delivers the stale version. Once Citus recovers
-// the transaction, k1 holds version 5: its next record, version 4, is
-// stale and never delivered, so the adapter's last k1 is version 3 while
-// 5 was forwarded: version 3 delivered against the rule, versions 4 and 5
-// never.
+// k1's version once it has settled (dedup's SettledVersion waits for the
+// prepared row). A plain read, not waiting, would see no state, take o2
+// (version 3) for the record to deliver and deliver the stale version;
+// once Citus recovered the transaction, k1 would hold version 5, its next
+// record (version 4) would be stale and never delivered, and the adapter's
+// last k1 would be version 3 while 5 was forwarded.
 func TestCitusVersionReplayReadsAPreparedEntity(t *testing.T) {
 	cc := pgtest.NeedCitusCluster(t)
 	kc := testkafka.New(t, 1, "out.v", "dlq.v")
