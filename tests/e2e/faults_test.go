@@ -138,13 +138,11 @@ func (c *faultConn) Close() error {
 // signal sends sig to the running process.
 func (s *sidecar) signal(sig syscall.Signal) {
 	s.t.Helper()
-	s.mu.Lock()
-	cmd := s.cmd
-	s.mu.Unlock()
-	if cmd == nil {
+	p := s.running()
+	if p == nil {
 		s.t.Fatalf("%s: not running", s.name)
 	}
-	if err := cmd.Process.Signal(sig); err != nil {
+	if err := p.Signal(sig); err != nil {
 		s.t.Fatalf("%s: %v: %v", s.name, sig, err)
 	}
 }
@@ -152,20 +150,18 @@ func (s *sidecar) signal(sig syscall.Signal) {
 // stopped reports whether the process is stopped by a signal (SIGSTOP):
 // state T in /proc/PID/stat.
 func (s *sidecar) stopped() (bool, error) {
-	s.mu.Lock()
-	cmd := s.cmd
-	s.mu.Unlock()
-	if cmd == nil {
+	p := s.running()
+	if p == nil {
 		return false, errors.New("not running")
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID()))
 	if err != nil {
 		return false, err
 	}
 	// pid (comm) state ...: comm may hold spaces, so cut at the last ')'.
 	i := strings.LastIndexByte(string(b), ')')
 	if i < 0 || i+2 >= len(b) {
-		return false, fmt.Errorf("/proc/%d/stat: %q", cmd.Process.Pid, b)
+		return false, fmt.Errorf("/proc/%d/stat: %q", p.PID(), b)
 	}
 	return b[i+2] == 'T', nil
 }
@@ -191,16 +187,14 @@ func (s *sidecar) waitStopped(limit time.Duration) {
 func (s *sidecar) exited() (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil {
+	if s.proc == nil {
 		return false, nil
 	}
-	select {
-	case <-s.done:
-		s.cmd = nil
-		return true, s.err
-	default:
-		return false, nil
+	exited, err := s.proc.Exited()
+	if exited {
+		s.proc = nil
 	}
+	return exited, err
 }
 
 // watchHalted polls the sidecar until stop is closed and reports whether

@@ -10,17 +10,13 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -36,6 +32,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/dam-dedup/dam/internal/testutil/damproc"
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 	"github.com/dam-dedup/dam/internal/testutil/testkafka"
 )
@@ -53,53 +50,13 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	// pgtest.Main exits the process, so the build directory cannot be
-	// removed after the tests: each run removes the ones of earlier runs.
-	if old, _ := filepath.Glob(filepath.Join(os.TempDir(), "dam-e2e-bin-*")); len(old) > 0 {
-		for _, d := range old {
-			if fi, err := os.Stat(d); err == nil && time.Since(fi.ModTime()) > time.Hour {
-				_ = os.RemoveAll(d)
-			}
-		}
-	}
-	dir, err := os.MkdirTemp("", "dam-e2e-bin-")
-	if err != nil {
-		buildErr = err
-	} else {
-		damBin, buildErr = buildDam(dir)
-	}
+	damBin, buildErr = damproc.Build(damproc.BuildOptions{Tags: testTags})
 	pgtest.Main(m)
 }
 
-// buildDam builds the suite's dam: with the damtest tag, which compiles
+// testTags are the build tags of the suite's dam binary: damtest compiles
 // in the test hooks (DAM_TEST_PAUSE_AT) that the chaos rows use.
-func buildDam(dir string) (string, error) { return buildDamTags(dir, testTags) }
-
-// testTags are the build tags of the suite's dam binary.
 const testTags = "damtest"
-
-// buildDamTags builds ./cmd/dam into dir with the build tags (comma
-// separated, "" for none: the production binary).
-func buildDamTags(dir, tags string) (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("go env GOMOD: not inside the module")
-	}
-	bin := filepath.Join(dir, "dam")
-	if tags != "" {
-		bin += "-" + strings.ReplaceAll(tags, ",", "-")
-	}
-	cmd := exec.Command("go", "build", "-tags", tags, "-o", bin, "./cmd/dam")
-	cmd.Dir = filepath.Dir(gomod)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build -tags %q ./cmd/dam: %v\n%s", tags, err, out)
-	}
-	return bin, nil
-}
 
 func needBinary(t *testing.T) {
 	t.Helper()
@@ -110,12 +67,11 @@ func needBinary(t *testing.T) {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := damproc.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // broker is a kfake cluster on a fixed port, restartable with its data when
@@ -247,9 +203,7 @@ type sidecar struct {
 	cgroup string
 
 	mu     sync.Mutex
-	cmd    *exec.Cmd
-	done   chan struct{}
-	err    error
+	proc   *damproc.Process // nil when not running
 	starts int
 	logs   []string
 }
@@ -329,7 +283,7 @@ pipeline:
 	}
 	t.Cleanup(func() {
 		s.mu.Lock()
-		running := s.cmd != nil
+		running := s.proc != nil
 		s.mu.Unlock()
 		if running {
 			s.kill()
@@ -345,58 +299,48 @@ func (s *sidecar) start() {
 	s.t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd != nil {
+	if s.proc != nil {
 		s.t.Fatalf("%s: already running", s.name)
 	}
 	s.starts++
-	logPath := filepath.Join(s.logDir, fmt.Sprintf("%s-%d.log", s.name, s.starts))
-	f, err := os.Create(logPath)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	cmd := exec.Command(damBin, "run", "--config", s.cfgPath)
-	cmd.Stdout, cmd.Stderr = f, f
-	if len(s.env) > 0 {
-		cmd.Env = append(os.Environ(), s.env...)
+	o := damproc.Options{
+		Args: []string{damBin, "run", "--config", s.cfgPath},
+		Env:  s.env,
+		Log:  filepath.Join(s.logDir, fmt.Sprintf("%s-%d.log", s.name, s.starts)),
+		HTTP: s.httpAddr,
 	}
 	if s.cgroup != "" {
 		cg, err := os.Open(s.cgroup)
 		if err != nil {
-			f.Close()
 			s.t.Fatalf("%s: %v", s.name, err)
 		}
 		defer cg.Close() // the child is in it once started
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+		o.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		s.t.Fatalf("%s: start: %v", s.name, err)
+	p, err := damproc.Start(o)
+	if err != nil {
+		s.t.Fatalf("%s: %v", s.name, err)
 	}
-	s.logs = append(s.logs, logPath)
-	done := make(chan struct{})
-	s.cmd, s.done = cmd, done
-	go func() {
-		err := cmd.Wait()
-		f.Close()
-		s.mu.Lock()
-		s.err = err
-		s.mu.Unlock()
-		close(done)
-	}()
+	s.logs = append(s.logs, o.Log)
+	s.proc = p
+}
+
+// running returns the running process, or nil.
+func (s *sidecar) running() *damproc.Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proc
 }
 
 // kill sends SIGKILL and waits for the process to be gone.
 func (s *sidecar) kill() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.mu.Unlock()
-	if cmd == nil {
+	p := s.running()
+	if p == nil {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	<-done
+	p.Kill()
 	s.mu.Lock()
-	s.cmd = nil
+	s.proc = nil
 	s.mu.Unlock()
 }
 
@@ -405,25 +349,16 @@ func (s *sidecar) kill() {
 // limit (and kills it).
 func (s *sidecar) term(limit time.Duration) (time.Duration, error) {
 	s.t.Helper()
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.mu.Unlock()
-	if cmd == nil {
+	p := s.running()
+	if p == nil {
 		s.t.Fatalf("%s: not running", s.name)
 	}
-	start := time.Now()
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(limit):
-		s.t.Errorf("%s: still running %s after SIGTERM; killing it", s.name, limit)
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		<-done
+	took, killed, err := p.Stop(limit)
+	if killed {
+		s.t.Errorf("%s: still running %s after SIGTERM; killed it", s.name, limit)
 	}
-	took := time.Since(start)
 	s.mu.Lock()
-	s.cmd = nil
-	err := s.err
+	s.proc = nil
 	s.mu.Unlock()
 	return took, err
 }
@@ -431,20 +366,8 @@ func (s *sidecar) term(limit time.Duration) (time.Duration, error) {
 // checkAlive fails the test if the process exited on its own.
 func (s *sidecar) checkAlive() {
 	s.t.Helper()
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	select {
-	case <-done:
-		s.mu.Lock()
-		err := s.err
-		s.cmd = nil
-		s.mu.Unlock()
+	if exited, err := s.exited(); exited {
 		s.t.Errorf("%s exited by itself: %v", s.name, err)
-	default:
 	}
 }
 
@@ -510,64 +433,39 @@ var httpClient = &http.Client{Timeout: 2 * time.Second}
 func (s *sidecar) halted() (float64, error) { return s.metric("dam_halted") }
 
 // metric returns the sum of the series of name whose labels include all
-// of labels (name=value pairs), from the sidecar's /metrics.
+// of labels (name, value pairs), from the sidecar's /metrics.
 func (s *sidecar) metric(name string, labels ...string) (float64, error) {
-	resp, err := httpClient.Get("http://" + s.httpAddr + "/metrics")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	m, err := damproc.Scrape(ctx, s.httpAddr)
 	if err != nil {
 		return 0, err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("/metrics: %s", resp.Status)
-	}
-	sum := 0.0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		match := true
-		for i := 0; i+1 < len(labels); i += 2 {
-			match = match && strings.Contains(line, fmt.Sprintf("%s=%q", labels[i], labels[i+1]))
-		}
-		if !match {
-			continue
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			return 0, fmt.Errorf("/metrics: %q: %v", line, err)
-		}
-		sum += v
-	}
-	return sum, sc.Err()
+	return m.Sum(name, labels...), nil
 }
 
 // ready returns /readyz's status code (0 when unreachable).
 func (s *sidecar) ready() int {
-	resp, err := httpClient.Get("http://" + s.httpAddr + "/readyz")
-	if err != nil {
+	p := s.running()
+	if p == nil {
 		return 0
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return p.Ready(ctx)
 }
 
 // waitReady waits for /readyz to answer 200.
 func (s *sidecar) waitReady(limit time.Duration) {
 	s.t.Helper()
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		if s.ready() == http.StatusOK {
-			return
-		}
-		s.checkAlive()
-		time.Sleep(100 * time.Millisecond)
+	p := s.running()
+	if p == nil {
+		s.t.Fatalf("%s: not running", s.name)
 	}
-	s.t.Fatalf("%s: not ready within %s", s.name, limit)
+	if err := p.WaitReady(context.Background(), limit); err != nil {
+		s.checkAlive()
+		s.t.Fatalf("%s: %v", s.name, err)
+	}
 }
 
 // loadgen produces n records to a topic at a steady rate, each made by its

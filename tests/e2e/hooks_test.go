@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dam-dedup/dam/internal/testutil/damproc"
 )
 
 // The production binary (go build ./cmd/dam, without the damtest tag)
@@ -18,7 +20,7 @@ func TestProductionBinaryHasNoTestHooks(t *testing.T) {
 	t.Parallel()
 	needBinary(t)
 	dir := t.TempDir()
-	prod, err := buildDamTags(dir, "")
+	prod, err := damproc.Build(damproc.BuildOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

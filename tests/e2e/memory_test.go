@@ -125,13 +125,11 @@ func cgroupStat(dir, file, key string) (int64, error) {
 // peakRSS returns the running process's peak resident set size (VmHWM in
 // /proc/PID/status), in bytes: read it before the process exits.
 func (s *sidecar) peakRSS() (int64, error) {
-	s.mu.Lock()
-	cmd := s.cmd
-	s.mu.Unlock()
-	if cmd == nil {
+	p := s.running()
+	if p == nil {
 		return 0, errors.New("not running")
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
 	if err != nil {
 		return 0, err
 	}
@@ -145,7 +143,7 @@ func (s *sidecar) peakRSS() (int64, error) {
 			return kb << 10, err
 		}
 	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmHWM", cmd.Process.Pid)
+	return 0, fmt.Errorf("/proc/%d/status: no VmHWM", p.PID())
 }
 
 // checkerInflateMax bounds what the checker inflates of one batch of an

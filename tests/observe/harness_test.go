@@ -1,106 +1,73 @@
 package observe
 
 import (
-	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/dam-dedup/dam/internal/testutil/damproc"
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 // TestMain gives the tests a real PostgreSQL (see pgtest.Main).
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// buildDam builds dam, version stamped, into the test's temporary
-// directory (removed with it).
+// buildDam builds dam, version stamped (see damproc.Build).
 func buildDam(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "dam")
-	cmd := exec.Command("go", "build", "-ldflags", "-X main.version=v0.0.0-observe", "-o", bin, "./cmd/dam")
-	cmd.Dir = "../.."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/dam: %v\n%s", err, out)
+	bin, err := damproc.Build(damproc.BuildOptions{LDFlags: "-X main.version=v0.0.0-observe"})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := damproc.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // process is a subprocess whose output goes to a log file, stopped (and
 // its log shown on failure) when the test ends.
 type process struct {
 	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
+	*damproc.Process
 }
 
-func start(t *testing.T, name string, args ...string) *process {
+// start starts args (the program first), its HTTP listener at httpAddr.
+func start(t *testing.T, name, httpAddr string, args ...string) *process {
 	t.Helper()
-	p := &process{name: name, log: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
-	f, err := os.Create(p.log)
+	p, err := damproc.Start(damproc.Options{Args: args, Log: filepath.Join(t.TempDir(), name+".log"), HTTP: httpAddr})
 	if err != nil {
-		t.Fatal(err)
-	}
-	p.cmd = exec.Command(args[0], args[1:]...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	if err := p.cmd.Start(); err != nil {
-		f.Close()
 		t.Fatalf("%s: %v", name, err)
 	}
-	go func() {
-		p.err = p.cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
 	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(20 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
+		_, _, _ = p.Stop(20 * time.Second)
 		if t.Failed() {
-			data, _ := os.ReadFile(p.log)
-			lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-			if len(lines) > 30 {
-				lines = lines[len(lines)-30:]
-			}
-			t.Logf("--- tail of %s's log ---\n%s", name, strings.Join(lines, "\n"))
+			t.Logf("--- tail of %s's log ---\n%s", name, p.Tail(30))
 		}
 	})
-	return p
+	return &process{name, p}
 }
 
 // alive fails the test if the process has exited.
 func (p *process) alive(t *testing.T) {
 	t.Helper()
-	select {
-	case <-p.done:
-		t.Fatalf("%s exited: %v", p.name, p.err)
-	default:
+	if exited, err := p.Exited(); exited {
+		t.Fatalf("%s exited: %v", p.name, err)
 	}
 }
 
@@ -136,53 +103,11 @@ func get(u string) (int, string, error) {
 	return resp.StatusCode, string(b), err
 }
 
-// scrape reads dam's /metrics: every sample by its series (name and
-// labels as exposed), and the set of sample names.
-func scrape(addr string) (map[string]float64, map[string]bool, error) {
-	code, body, err := get("http://" + addr + "/metrics")
-	if err != nil {
-		return nil, nil, err
-	}
-	if code != http.StatusOK {
-		return nil, nil, fmt.Errorf("/metrics: %d", code)
-	}
-	samples, names := map[string]float64{}, map[string]bool{}
-	sc := bufio.NewScanner(strings.NewReader(body))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		series := line[:i]
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			return nil, nil, fmt.Errorf("/metrics: %q: %v", line, err)
-		}
-		samples[series] = v
-		names[strings.SplitN(series, "{", 2)[0]] = true
-	}
-	return samples, names, sc.Err()
-}
-
-// sum adds the samples of name whose series contains every one of the
-// label pairs (`outcome="forwarded"`).
-func sum(samples map[string]float64, name string, labels ...string) float64 {
-	total := 0.0
-	for series, v := range samples {
-		if strings.SplitN(series, "{", 2)[0] != name {
-			continue
-		}
-		ok := true
-		for _, l := range labels {
-			ok = ok && strings.Contains(series, l)
-		}
-		if ok {
-			total += v
-		}
-	}
-	return total
+// scrape reads dam's /metrics.
+func scrape(addr string) (damproc.Metrics, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return damproc.Scrape(ctx, addr)
 }
 
 // prometheus is a running Prometheus server's HTTP API.
@@ -331,7 +256,7 @@ scrape_configs:
 		t.Fatal(err)
 	}
 	p := &prometheus{t: t, addr: freeAddr(t)}
-	proc := start(t, "prometheus", bin,
+	proc := start(t, "prometheus", p.addr, bin,
 		"--config.file="+cfgPath,
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+p.addr,

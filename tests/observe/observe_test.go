@@ -1,6 +1,7 @@
 package observe
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -129,11 +130,10 @@ routes:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	dam := start(t, "dam", damBin, "run", "--config", cfgPath)
-	waitFor(t, 60*time.Second, "dam ready", []*process{dam}, func() (bool, string) {
-		code, body, err := get("http://" + httpAddr + "/readyz")
-		return code == 200, fmt.Sprint(code, body, err)
-	})
+	dam := start(t, "dam", httpAddr, damBin, "run", "--config", cfgPath)
+	if err := dam.WaitReady(context.Background(), 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	prom := startPrometheus(t, httpAddr, rulesFile)
 	procs := []*process{dam}
 
@@ -147,8 +147,8 @@ routes:
 		t.Helper()
 		want := float64(m.total())
 		waitFor(t, 2*time.Minute, what+": dam counts every record", procs, func() (bool, string) {
-			s, _, err := scrape(httpAddr)
-			got := sum(s, "dam_records_total")
+			s, err := scrape(httpAddr)
+			got := s.Sum("dam_records_total")
 			return err == nil && got == want, fmt.Sprintf("%v of %v (%v)", got, want, err)
 		})
 		var at time.Time
@@ -254,8 +254,8 @@ routes:
 	pgProxy.Cut()
 	kc.Produce(inTopic, m.stream(rng, 20, 300, 0.4)...)
 	waitFor(t, time.Minute, "store errors counted", procs, func() (bool, string) {
-		s, _, err := scrape(httpAddr)
-		return err == nil && sum(s, "dam_store_errors_total") > 0, fmt.Sprint(err)
+		s, err := scrape(httpAddr)
+		return err == nil && s.Sum("dam_store_errors_total") > 0, fmt.Sprint(err)
 	})
 	pgProxy.Restore()
 	counted("phase 3")
@@ -283,17 +283,18 @@ routes:
 	})
 	kc.Produce(inTopic, m.stream(rng, 20, 300, 0.4)...)
 	waitFor(t, time.Minute, "delivery errors counted", procs, func() (bool, string) {
-		s, _, err := scrape(httpAddr)
-		return err == nil && sum(s, "dam_delivery_errors_total") > 0, fmt.Sprint(refused.Load(), err)
+		s, err := scrape(httpAddr)
+		return err == nil && s.Sum("dam_delivery_errors_total") > 0, fmt.Sprint(refused.Load(), err)
 	})
 	counted("phase 4")
 
 	// Every metric dam registers now has a series: take the names from a
 	// real scrape and check every expression against them.
-	_, names, err := scrape(httpAddr)
+	scraped, err := scrape(httpAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
+	names := scraped.SampleNames()
 	for _, n := range []string{"dam_records_total", "dam_dead_letters_total", "dam_store_errors_total", "dam_delivery_errors_total",
 		"dam_decision_seconds_bucket", "dam_poll_to_commit_seconds_bucket", "dam_consumer_lag", "dam_halted", "dam_state_rows",
 		"dam_partitions_assigned", "dam_records_in_flight", "dam_build_info", "dam_postgres_pool_acquired_connections", "dam_postgres_pool_acquire_wait_seconds_total"} {
