@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,8 +10,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/signal"
-	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,6 +20,7 @@ import (
 
 	"github.com/dam-dedup/dam/canon"
 	"github.com/dam-dedup/dam/dedup"
+	"github.com/dam-dedup/dam/internal/testutil/damproc"
 )
 
 // histName is dam's poll-to-commit histogram; the children record the same.
@@ -46,45 +44,15 @@ type histogram struct {
 	cum []float64 // cumulative counts
 }
 
-// parseHistogram extracts name's buckets from a Prometheus text exposition.
+// parseHistogram extracts name's buckets, summed over its series, from
+// a Prometheus text exposition.
 func parseHistogram(text, name string) histogram {
-	byLE := map[float64]float64{}
-	sc := bufio.NewScanner(strings.NewReader(text))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"_bucket{") {
-			continue
-		}
-		i := strings.Index(line, `le="`)
-		if i < 0 {
-			continue
-		}
-		rest := line[i+4:]
-		j := strings.IndexByte(rest, '"')
-		le, err := strconv.ParseFloat(rest[:j], 64)
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(line[strings.LastIndexByte(line, '}')+1:])
-		if len(f) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			continue
-		}
-		byLE[le] += v
+	m, err := damproc.Parse(strings.NewReader(text))
+	if err != nil {
+		return histogram{}
 	}
-	var h histogram
-	for le := range byLE {
-		h.le = append(h.le, le)
-	}
-	sort.Float64s(h.le)
-	for _, le := range h.le {
-		h.cum = append(h.cum, byLE[le])
-	}
-	return h
+	h := m.Histogram(name)
+	return histogram{le: h.Bounds, cum: h.Counts}
 }
 
 // sub returns h minus an earlier snapshot of the same histogram.

@@ -54,8 +54,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,6 +70,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/internal/pglocal"
+	"github.com/dam-dedup/dam/internal/testutil/damproc"
 	"github.com/dam-dedup/dam/migrations"
 )
 
@@ -212,12 +211,9 @@ func run(o options) error {
 		return err
 	}
 	if strings.Contains(o.variants, "dam") && o.damBin == "" {
-		o.damBin = filepath.Join(tmp, "dam")
 		logf("building dam")
-		build := exec.Command("go", "build", "-tags", "damtest", "-o", o.damBin, "./cmd/dam") // damtest: DAM_TEST_CPUPROFILE
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("go build ./cmd/dam: %w", err)
+		if o.damBin, err = damproc.Build(damproc.BuildOptions{Tags: "damtest"}); err != nil { // damtest: DAM_TEST_CPUPROFILE
+			return err
 		}
 	}
 
@@ -300,12 +296,9 @@ func buildBase(tmp, rev string) (bin, hash string, err error) {
 		}
 	}()
 	logf("building dam at %s (dam-base)", hash[:12])
-	bin = filepath.Join(tmp, "dam-base")
-	build := exec.Command("go", "build", "-tags", "damtest", "-o", bin, "./cmd/dam") // damtest: DAM_TEST_CPUPROFILE (older revisions have it untagged)
-	build.Dir = dir
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return "", "", fmt.Errorf("go build ./cmd/dam at %s: %w", hash, err)
+	// damtest: DAM_TEST_CPUPROFILE (older revisions have it untagged).
+	if bin, err = damproc.Build(damproc.BuildOptions{Dir: dir, Tags: "damtest"}); err != nil {
+		return "", "", fmt.Errorf("at %s: %w", hash, err)
 	}
 	return bin, hash, nil
 }
@@ -445,14 +438,7 @@ func freshSchema(ctx context.Context, t *pgTarget, variant string) (string, func
 	}, nil
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return damproc.FreePort() }
 
 // produce writes n records of the workload to topic, asynchronously with
 // batching, and waits for every ack.
@@ -543,16 +529,12 @@ func scrape(addr string) (histogram, error) { return scrapeHist(addr, histName) 
 
 // scrapeHist reads histogram name from dam's /metrics at addr.
 func scrapeHist(addr, name string) (histogram, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
+	m, err := damproc.Scrape(context.Background(), addr)
 	if err != nil {
 		return histogram{}, err
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return histogram{}, err
-	}
-	return parseHistogram(string(body), name), nil
+	h := m.Histogram(name)
+	return histogram{le: h.Bounds, cum: h.Counts}, nil
 }
 
 // vmHWM returns the process's peak resident set size in kB.
@@ -690,7 +672,7 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 	}
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", httpPort)
 
-	var cmd *exec.Cmd
+	var po damproc.Options
 	var childOut strings.Builder
 	if isDam(variant) {
 		entity, delivery := "key", "at-least-once"
@@ -708,23 +690,17 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 		if variant == "dam-base" {
 			bin = o.baseBin
 		}
-		cmd = exec.Command(bin, "run", "--config", cfgPath)
+		po = damproc.Options{Args: []string{bin, "run", "--config", cfgPath}, Stdout: os.Stderr}
 		if o.profile != "" {
 			prof := filepath.Join(o.profile, fmt.Sprintf("%s-%d.cpu.pprof", variant, time.Now().UnixNano()))
-			cmd.Env = append(os.Environ(), "DAM_TEST_CPUPROFILE="+prof)
+			po.Env = []string{"DAM_TEST_CPUPROFILE=" + prof}
 			logf("%s: CPU profile in %s", variant, prof)
 		}
-		cmd.Stdout = os.Stderr
 	} else {
-		cmd = exec.Command(self, "-child", variant, "-brokers", broker, "-group", group,
-			"-in", in, "-out", out, "-dsn", dsn, "-http", httpAddr)
-		cmd.Stdout = &childOut
+		po = damproc.Options{Args: []string{self, "-child", variant, "-brokers", broker, "-group", group,
+			"-in", in, "-out", out, "-dsn", dsn, "-http", httpAddr}, Stdout: &childOut}
 	}
-	cmd.Stderr = os.Stderr
-	if cmd.Env == nil {
-		cmd.Env = os.Environ()
-	}
-	exited := make(chan error, 1)
+	po.Stderr, po.HTTP = os.Stderr, httpAddr
 	var lsns []string
 	var meter *cpuMeter
 	if t.nodes != nil {
@@ -732,7 +708,8 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 		meter = startCPUMeter(t.nodes)
 	}
 	begin := time.Now()
-	if err := cmd.Start(); err != nil {
+	proc, err := damproc.Start(po)
+	if err != nil {
 		if meter != nil {
 			meter.stop()
 		}
@@ -742,7 +719,6 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 	if t.nodes == nil {
 		lsn0, _ = walLSN(ctx, baseDSN)
 	}
-	go func() { exited <- cmd.Wait() }()
 	var tapDone chan tapStats
 	if variant == "dam-tap" {
 		tctx, stopTap := context.WithCancel(ctx)
@@ -750,30 +726,13 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 		tapDone = make(chan tapStats, 1)
 		go func() { tapDone <- readTap(tctx, httpAddr) }()
 	}
-	var exitErr error
-	exitedEarly := false
 	alive := func() error {
-		select {
-		case exitErr = <-exited:
-			exitedEarly = true
-			return fmt.Errorf("process exited early: %v", exitErr)
-		default:
-			return nil
+		if exited, err := proc.Exited(); exited {
+			return fmt.Errorf("process exited early: %v", err)
 		}
+		return nil
 	}
-	stopProc := func() {
-		if exitedEarly {
-			return
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(60 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		exitedEarly = true
-	}
+	stopProc := func() { _, _, _ = proc.Stop(60 * time.Second) }
 	defer stopProc()
 
 	err = waitCaughtUp(ctx, adm, in, alive, 30*time.Minute)
@@ -830,10 +789,10 @@ func runVariant(ctx context.Context, o options, variant string, n int, t *pgTarg
 			logf("%s: steady: decide transactions (per batch) p50 %s p99 %s max bucket %s", variant, ms(q.P50), ms(q.P99), ms(d1.sub(d0).quantile(1)))
 		}
 	}
-	if res.rssKB, err = vmHWM(cmd.Process.Pid); err != nil {
+	if res.rssKB, err = vmHWM(proc.PID()); err != nil {
 		return res, err
 	}
-	res.cpu, _ = cpuTime(cmd.Process.Pid)
+	res.cpu, _ = cpuTime(proc.PID())
 	if res.forwarded, err = endSum(ctx, adm, out); err != nil {
 		return res, err
 	}

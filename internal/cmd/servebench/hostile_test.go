@@ -2,13 +2,11 @@ package main
 
 import (
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/dam-dedup/dam/internal/testutil/damproc"
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
@@ -60,14 +58,11 @@ func TestHostileClients(t *testing.T) {
 			t.Logf("RLIMIT_NOFILE %d: %d idle connections only", lim.Cur, o.IdleConns)
 		}
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "dam")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/dam")
-	build.Dir = moduleRoot(t)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/dam: %v\n%s", err, out)
+	bin, err := damproc.Build(damproc.BuildOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	srv, err := startServe(options{damBin: bin, extra: hostileServeConfig}, pgtest.DSN(t), dir)
+	srv, err := startServe(options{damBin: bin, extra: hostileServeConfig}, pgtest.DSN(t), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +74,7 @@ func TestHostileClients(t *testing.T) {
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		res, err := runHostile(srv.url, srv.cmd.Process.Pid, o)
+		res, err := runHostile(srv.url, srv.proc.PID(), o)
 		done <- outcome{res, err}
 	}()
 	var r outcome
@@ -98,14 +93,4 @@ func TestHostileClients(t *testing.T) {
 	for _, f := range r.res.failures(o) {
 		t.Error(f)
 	}
-}
-
-// moduleRoot is the directory of go.mod.
-func moduleRoot(t *testing.T) string {
-	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return filepath.Dir(strings.TrimSpace(string(out)))
 }

@@ -47,7 +47,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -55,22 +54,20 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dam-dedup/dam/internal/pglocal"
+	"github.com/dam-dedup/dam/internal/testutil/damproc"
 )
 
 const (
@@ -158,12 +155,9 @@ func run(o options) error {
 	}
 	defer os.RemoveAll(tmp)
 	if o.damBin == "" {
-		o.damBin = filepath.Join(tmp, "dam")
 		logf("building dam")
-		build := exec.Command("go", "build", "-o", o.damBin, "./cmd/dam")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("go build ./cmd/dam: %w", err)
+		if o.damBin, err = damproc.Build(damproc.BuildOptions{}); err != nil {
+			return err
 		}
 	}
 	if o.hostile {
@@ -179,7 +173,7 @@ func run(o options) error {
 	defer srv.stop()
 	if o.hostile {
 		logf("hostile clients: %+v", fullHostile)
-		res, err := runHostile(srv.url, srv.cmd.Process.Pid, fullHostile)
+		res, err := runHostile(srv.url, srv.proc.PID(), fullHostile)
 		if err != nil {
 			return err
 		}
@@ -204,9 +198,9 @@ rates:
 	for k := 0; k < len(rates); k++ {
 		rate := rates[k]
 		for try := 1; ; try++ {
-			cpu0 := cpuTime(srv.cmd.Process.Pid)
+			cpu0 := cpuTime(srv.proc.PID())
 			st := runStep(client, srv.url, w, rate, o.step)
-			cpu := cpuTime(srv.cmd.Process.Pid) - cpu0
+			cpu := cpuTime(srv.proc.PID()) - cpu0
 			held := st.errors == 0 && st.late == 0 && st.p99 < o.p99
 			fmt.Printf("%8d %10.0f %9.1f %9.1f %9.1f %8d %8d %6.1f %10.0f  %s\n", rate, st.achieved, ms(st.p50), ms(st.p99), ms(st.max), st.errors+st.late,
 				st.shed+st.shedNoRetry, 100*float64(st.duplicates)/float64(max(1, st.ok)), float64(cpu.Microseconds())/float64(max(1, st.ok)), yesNo(held))
@@ -554,18 +548,15 @@ func cpuTime(pid int) time.Duration {
 
 // server is the running `dam serve`.
 type server struct {
-	cmd  *exec.Cmd
+	proc *damproc.Process
 	url  string
-	done chan error
 }
 
 func startServe(o options, dsn, dir string) (*server, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := damproc.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	addr := ln.Addr().String()
-	ln.Close()
 	cfg := fmt.Sprintf("postgres:\n  dsn: %q\nlog:\n  level: warn\nserve:\n  listen: %s\n"+o.extra+"routes:\n  - service: %s\n    from: projections.%s\n    to: delivery.%s\n    ignore: [/notes]\n",
 		dsn, addr, service, service, service)
 	if o.maxConns > 0 {
@@ -575,82 +566,56 @@ func startServe(o options, dsn, dir string) (*server, error) {
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(o.damBin, "serve", "--config", path)
+	// The configuration is the file's: no DAM_ variable of the caller's
+	// but the test hooks.
+	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "DAM_") || strings.HasPrefix(kv, "DAM_TEST_") {
-			cmd.Env = append(cmd.Env, kv)
+			env = append(env, kv)
 		}
 	}
-	cmd.Env = append(cmd.Env, "DAM_SERVE_TOKEN="+token)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
+	p, err := damproc.Start(damproc.Options{
+		Args: []string{o.damBin, "serve", "--config", path}, CleanEnv: true, Env: append(env, "DAM_SERVE_TOKEN="+token),
+		Stdout: os.Stderr, Stderr: os.Stderr, HTTP: addr,
+	})
+	if err != nil {
 		return nil, err
 	}
-	s := &server{cmd: cmd, url: "http://" + addr, done: make(chan error, 1)}
-	go func() { s.done <- cmd.Wait() }()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if err := s.alive(); err != nil {
-			return nil, err
-		}
-		resp, err := http.Get(s.url + "/readyz")
-		if err == nil {
-			_, _ = io.Copy(io.Discard, bufio.NewReader(resp.Body))
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return s, nil
-			}
-		}
-		if time.Now().After(deadline) {
-			s.stop()
-			return nil, fmt.Errorf("dam serve not ready after 60s: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	s := &server{proc: p, url: "http://" + addr}
+	if err := p.WaitReady(context.Background(), 60*time.Second); err != nil {
+		s.stop()
+		return nil, err
 	}
+	return s, nil
 }
 
 // counters returns dam serve's counters of shedding and connections, from
 // its /metrics, for the log.
 func (s *server) counters() string {
-	resp, err := http.Get(s.url + "/metrics")
+	m, err := s.proc.Scrape(context.Background())
 	if err != nil {
 		return err.Error()
 	}
-	defer resp.Body.Close()
 	var out []string
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		l := sc.Text()
-		for _, p := range []string{"dam_serve_shed_total", "dam_serve_overloaded_total", "dam_serve_connections_", "dam_serve_store_errors_total", "dam_serve_requests_total{endpoint=\"check\""} {
-			if strings.HasPrefix(l, p) {
-				out = append(out, l)
-			}
+	for _, name := range []string{"dam_serve_shed_total", "dam_serve_overloaded_total", "dam_serve_connections_evicted_total", "dam_serve_connections_refused_total", "dam_serve_store_errors_total"} {
+		if m.Has(name) {
+			out = append(out, fmt.Sprintf("%s %g", name, m.Sum(name)))
 		}
 	}
+	out = append(out, fmt.Sprintf("dam_serve_requests_total{endpoint=\"check\"} %g", m.Sum("dam_serve_requests_total", "endpoint", "check")))
 	return strings.Join(out, "; ")
 }
 
 // alive reports an error if the server exited.
 func (s *server) alive() error {
-	select {
-	case err := <-s.done:
-		s.done <- err
+	if exited, err := s.proc.Exited(); exited {
 		return fmt.Errorf("dam serve exited: %v", err)
-	default:
-		return nil
 	}
+	return nil
 }
 
 // stop sends SIGTERM and waits for the exit.
-func (s *server) stop() {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(30 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
-}
+func (s *server) stop() { _, _, _ = s.proc.Stop(30 * time.Second) }
 
 // postgres returns a reachable DSN: -dsn, $DAM_TEST_POSTGRES_DSN, the local
 // default, or a throwaway cluster (stopped by the returned function).
