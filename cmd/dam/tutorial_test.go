@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dam-dedup/dam/internal/testutil/damproc"
 )
 
 // The tutorial's blocks, by their info strings: "sh tutorial" is a command
@@ -131,11 +133,11 @@ func TestTutorial(t *testing.T) {
 		t.Fatalf("docs/tutorial.md: only %d tutorial blocks", len(blocks))
 	}
 
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-tags", "damtest", "-o", filepath.Join(bin, "dam"), ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags damtest: %v\n%s", err, out)
+	dam, err := damproc.Build(damproc.BuildOptions{Tags: "damtest"})
+	if err != nil {
+		t.Fatal(err)
 	}
+	bin := filepath.Dir(dam)
 	dsn, err := url.Parse(newDatabase(t))
 	if err != nil {
 		t.Fatal(err)

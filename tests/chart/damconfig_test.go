@@ -7,17 +7,16 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dam-dedup/dam/internal/testutil/damproc"
 )
 
-// buildDam builds dam into the test's temporary directory (removed with
-// it; the build cache makes a second build a link).
+// buildDam builds dam (see damproc.Build).
 func buildDam(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "dam")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/dam")
-	cmd.Dir = "../.."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building dam: %v\n%s", err, out)
+	bin, err := damproc.Build(damproc.BuildOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }
