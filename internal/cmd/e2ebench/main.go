@@ -304,15 +304,15 @@ func buildBase(tmp, rev string) (bin, hash string, err error) {
 }
 
 // figuresFiles are the files that have held the end-to-end dam figures (the
-// `| **dam** |` rows): docs/performance.md, and README.md before issue 21
-// moved them there.
+// `| **dam** |` rows): docs/performance.md, and README.md in older
+// revisions.
 var figuresFiles = []string{"docs/performance.md", "README.md"}
 
 // damRowPattern matches a `| **dam** |` row of a figures table.
 const damRowPattern = `^\| \*\*dam\*\* \|`
 
 // figuresRev returns the last commit that changed the dam figures. A commit
-// that only moved the rows between files (as issue 21's did) changed no
+// that only moved the rows between files changed no
 // figure and describes no new version, so it is passed over: the rows, in
 // every figures file, must differ from its parent's.
 func figuresRev() (string, error) {
@@ -946,8 +946,8 @@ func printTable(w io.Writer, o options, rs []result) {
 		x := d.rate() / p.rate()
 		fmt.Fprintf(w, "  >= 0.15x passthrough  %8.2fx  %s\n", x, verdict(x >= 0.15))
 		// The CPU one decided record costs, dam's and its PostgreSQL
-		// backends', against what the passthrough's costs (issue 23's
-		// measure: steadier than a rate on a busy machine).
+		// backends', against what the passthrough's costs (steadier than
+		// a rate on a busy machine).
 		per := func(r result) float64 { return float64(r.cpu.Microseconds()) / float64(r.records+r.steadyN) }
 		damUS, pgUS, passUS := per(d), float64(d.pgCPU.Microseconds())/float64(d.records), per(p)
 		if passUS > 0 {

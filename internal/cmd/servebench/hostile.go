@@ -19,7 +19,7 @@ import (
 // security review's attacks on a shared dam serve, at once, beside a
 // well-behaved client.
 type hostileOptions struct {
-	// Large is the number of concurrent large bodies (issue 19: 100).
+	// Large is the number of concurrent large bodies (the full run: 100).
 	Large int
 	// LargeBytes is the size of each (10 MB).
 	LargeBytes int
@@ -39,10 +39,10 @@ type hostileOptions struct {
 	MadeUp int
 	// BodyHogs is the number of requests of another tenant (hogToken)
 	// that announce the largest body and send nothing, kept up (each
-	// sent again once answered) for HogFor (issue 34: 60).
+	// sent again once answered) for HogFor (the full run: 60).
 	BodyHogs int
 	// IdleConns is the number of connections that send nothing, kept up
-	// (each opened again once closed) for HogFor (issue 34: 2,000).
+	// (each opened again once closed) for HogFor (the full run: 2,000).
 	IdleConns int
 	// HogFor is how long the well-behaved tenant checks beside the hogs,
 	// eight at a time; each check must be answered 200, their p99 under

@@ -19,7 +19,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 var reducedHostile = hostileOptions{Large: 40, LargeBytes: 10_000_000, RSSLimit: 300 << 20, Good: 300, Poison: 40, MadeUp: 500,
 	BodyHogs: 60, IdleConns: 2000, HogFor: 4 * time.Second, HogP99: 250 * time.Millisecond}
 
-// The hostile-client run against the real binary (issue 19): large
+// The hostile-client run against the real binary: large
 // bodies flood dam serve while a well-behaved client checks, beside
 // checks with identities the store cannot hold and checks of made-up
 // services; then 60 body hogs of another tenant (the largest body

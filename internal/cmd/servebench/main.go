@@ -37,7 +37,7 @@
 // (forward and duplicate) are exercised; the state is warmed first.
 //
 // -hostile runs the hostile-client run instead (hostile.go), at the size
-// of issue 19: 100 concurrent 10 MB bodies beside a well-behaved client,
+// of the full run: 100 concurrent 10 MB bodies beside a well-behaved client,
 // checks with identities the store cannot hold and checks of made-up
 // services, then 60 body hogs of another tenant and 2,000 idle
 // connections beside a well-behaved tenant; it fails unless dam serve's
