@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,16 +13,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/dam-dedup/dam/config"
+	"github.com/dam-dedup/dam/internal/testutil/damproc"
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
 // playground is dam playground running as a process of its own.
 type playground struct {
 	t    *testing.T
-	cmd  *exec.Cmd
+	proc *damproc.Process
 	out  *syncBuffer
 	addr string
-	done chan error
 }
 
 // startPlayground starts dam playground with args on addr ("": a free
@@ -36,28 +33,29 @@ func startPlayground(t *testing.T, addr, dir, dsn string, args ...string) *playg
 	if addr == "" {
 		addr = freeAddr(t)
 	}
-	p := &playground{t: t, addr: addr, out: &syncBuffer{}, done: make(chan error, 1)}
-	p.cmd = exec.Command(os.Args[0], append([]string{"playground", "--dir", dir, "--listen", p.addr}, args...)...)
+	p := &playground{t: t, addr: addr, out: &syncBuffer{}}
+	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, envPostgresDSN+"=") {
-			p.cmd.Env = append(p.cmd.Env, kv)
+			env = append(env, kv)
 		}
 	}
-	p.cmd.Env = append(p.cmd.Env, envExecDam+"=1")
+	env = append(env, envExecDam+"=1")
 	if dsn != "" {
-		p.cmd.Env = append(p.cmd.Env, envPostgresDSN+"="+dsn)
+		env = append(env, envPostgresDSN+"="+dsn)
 	}
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
+	proc, err := damproc.Start(damproc.Options{Args: append([]string{os.Args[0], "playground", "--dir", dir, "--listen", p.addr}, args...),
+		CleanEnv: true, Env: env, Stdout: p.out, Stderr: p.out})
+	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.done <- p.cmd.Wait() }()
-	t.Cleanup(func() { _ = p.cmd.Process.Kill() })
+	p.proc = proc
+	t.Cleanup(proc.Kill)
 	deadline := time.After(30 * time.Second)
 	for !strings.Contains(p.out.String(), "\nNext,") {
 		select {
-		case err := <-p.done:
-			t.Fatalf("dam playground exited: %v\n%s", err, p.out)
+		case <-p.proc.Done():
+			t.Fatalf("dam playground exited: %v\n%s", p.proc.Wait(), p.out)
 		case <-deadline:
 			t.Fatalf("dam playground did not start:\n%s", p.out)
 		case <-time.After(20 * time.Millisecond):
@@ -69,25 +67,18 @@ func startPlayground(t *testing.T, addr, dir, dsn string, args ...string) *playg
 // stop sends SIGTERM and requires exit status 0.
 func (p *playground) stop() {
 	p.t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		if err != nil {
-			p.t.Fatalf("dam playground on SIGTERM: %v\n%s", err, p.out)
-		}
-	case <-time.After(30 * time.Second):
-		p.t.Fatalf("dam playground did not stop on SIGTERM:\n%s", p.out)
+	if _, killed, err := p.proc.Stop(30 * time.Second); killed || err != nil {
+		p.t.Fatalf("dam playground on SIGTERM: exit %v, killed after 30s %v\n%s", err, killed, p.out)
 	}
 }
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := damproc.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // playgroundDSN returns a database of the test's own, in the schema

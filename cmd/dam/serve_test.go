@@ -7,13 +7,12 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/dam-dedup/dam/internal/testutil/damproc"
 	"github.com/dam-dedup/dam/internal/testutil/pgtest"
 )
 
@@ -29,26 +28,20 @@ func TestServeCommand(t *testing.T) {
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "serve", "--config", path)
+	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, envPostgresDSN+"=") && !strings.HasPrefix(kv, "DAM_SERVE_") {
-			cmd.Env = append(cmd.Env, kv)
+			env = append(env, kv)
 		}
 	}
-	cmd.Env = append(cmd.Env, envExecDam+"=1", "DAM_SERVE_TOKEN="+serveToken)
-	stderrPipe, err := cmd.StderrPipe()
+	stderrPipe, stderrW := io.Pipe()
+	proc, err := damproc.Start(damproc.Options{Args: []string{os.Args[0], "serve", "--config", path},
+		CleanEnv: true, Env: append(env, envExecDam+"=1", "DAM_SERVE_TOKEN="+serveToken), Stderr: stderrW})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := false
-	t.Cleanup(func() {
-		if !exited {
-			_ = cmd.Process.Kill()
-		}
-	})
+	go func() { <-proc.Done(); stderrW.Close() }()
+	t.Cleanup(proc.Kill)
 	// The address is in the "serve: listening" log line.
 	var logs syncBuffer
 	addrc := make(chan string, 1)
@@ -114,23 +107,11 @@ func TestServeCommand(t *testing.T) {
 		t.Fatalf("readyz: %v %v", resp, err)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	if _, killed, err := proc.Stop(20 * time.Second); killed || err != nil {
+		<-logEnd
+		t.Fatalf("dam serve after SIGTERM: exit %v, killed after 20s %v\n%s", err, killed, logs.String())
 	}
-	done := make(chan error, 1)
-	go func() {
-		<-logEnd // all of stderr read: Wait closes the pipe
-		done <- cmd.Wait()
-	}()
-	select {
-	case err := <-done:
-		exited = true
-		if err != nil {
-			t.Fatalf("dam serve after SIGTERM: %v\n%s", err, logs.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("dam serve did not exit within 20s of SIGTERM")
-	}
+	<-logEnd // all of stderr read
 	if strings.Contains(logs.String(), serveToken) {
 		t.Fatalf("the token is in the log:\n%s", logs.String())
 	}
