@@ -50,7 +50,7 @@ type build struct {
 // the same options, concurrent or not, share the binary. It lives in a
 // directory of the system's temporary directory named damproc-*, which
 // outlives the process (a test binary may end in os.Exit); each Build
-// removes those more than a day old.
+// removes those more than six hours old (longer than any suite runs one).
 func Build(o BuildOptions) (string, error) {
 	buildsMu.Lock()
 	b := builds[o]
@@ -98,7 +98,7 @@ func buildDam(o BuildOptions) (string, error) {
 func removeStale() {
 	old, _ := filepath.Glob(filepath.Join(os.TempDir(), "damproc-*"))
 	for _, d := range old {
-		if fi, err := os.Stat(d); err == nil && time.Since(fi.ModTime()) > 24*time.Hour {
+		if fi, err := os.Stat(d); err == nil && time.Since(fi.ModTime()) > 6*time.Hour {
 			_ = os.RemoveAll(d)
 		}
 	}
