@@ -602,6 +602,11 @@ func (s *server) counters() string {
 			out = append(out, fmt.Sprintf("%s %g", name, m.Sum(name)))
 		}
 	}
+	for _, state := range []string{"silent", "unfinished", "idle", "untrusted"} {
+		if v := m.Sum("dam_serve_connections_evicted_total", "state", state); v > 0 {
+			out = append(out, fmt.Sprintf("evicted %s %g", state, v))
+		}
+	}
 	out = append(out, fmt.Sprintf("dam_serve_requests_total{endpoint=\"check\"} %g", m.Sum("dam_serve_requests_total", "endpoint", "check")))
 	return strings.Join(out, "; ")
 }
