@@ -48,9 +48,9 @@ type build struct {
 
 // Build builds ./cmd/dam as o says, once per process and o: callers with
 // the same options, concurrent or not, share the binary. It lives in a
-// directory of the system's temporary directory named damproc-*, which
-// outlives the process (a test binary may end in os.Exit); each Build
-// removes those more than six hours old (longer than any suite runs one).
+// directory of the system's temporary directory named after this
+// process (damproc-PID-*), which outlives it (a test binary may end in
+// os.Exit); each Build removes those of processes that have exited.
 func Build(o BuildOptions) (string, error) {
 	buildsMu.Lock()
 	b := builds[o]
@@ -73,7 +73,7 @@ func buildDam(o BuildOptions) (string, error) {
 		}
 		src = root
 	}
-	dir, err := os.MkdirTemp("", "damproc-")
+	dir, err := os.MkdirTemp("", fmt.Sprintf("damproc-%d-", os.Getpid()))
 	if err != nil {
 		return "", err
 	}
@@ -94,11 +94,16 @@ func buildDam(o BuildOptions) (string, error) {
 	return bin, nil
 }
 
-// removeStale removes the build directories of earlier runs.
+// removeStale removes the build directories of processes that have
+// exited: a running suite's binary is never removed under it.
 func removeStale() {
-	old, _ := filepath.Glob(filepath.Join(os.TempDir(), "damproc-*"))
-	for _, d := range old {
-		if fi, err := os.Stat(d); err == nil && time.Since(fi.ModTime()) > 6*time.Hour {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "damproc-*-*"))
+	for _, d := range dirs {
+		var pid int
+		if _, err := fmt.Sscanf(filepath.Base(d), "damproc-%d-", &pid); err != nil || pid <= 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
 			_ = os.RemoveAll(d)
 		}
 	}

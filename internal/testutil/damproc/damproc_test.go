@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -154,5 +155,34 @@ dam_poll_to_commit_seconds_count{service="b"} 2
 		if !names[n] || !m.Has(n) {
 			t.Errorf("sample name %s: missing", n)
 		}
+	}
+}
+
+// TestBuildRemovesOnlyExitedProcessesBuilds: a build directory of a
+// process that has exited is removed by the next Build; one of a live
+// process (this one) is kept.
+func TestBuildRemovesOnlyExitedProcessesBuilds(t *testing.T) {
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := os.MkdirTemp("", fmt.Sprintf("damproc-%d-", dead.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := os.MkdirTemp("", fmt.Sprintf("damproc-%d-", os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(live)
+	if _, err := damproc.Build(damproc.BuildOptions{LDFlags: "-X main.version=v0.0.0-stale"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		os.RemoveAll(stale)
+		t.Errorf("the exited process's %s is still there: %v", stale, err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("the live process's %s: %v", live, err)
 	}
 }
