@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
+	"github.com/dam-dedup/dam/internal/retry"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -363,28 +365,50 @@ func (s *Store) citusShapes(ctx context.Context) (bool, error) {
 	return s.Distributed(ctx)
 }
 
+// maxChunkAttempts bounds the runs of one statement of a batched
+// operation that deadlocks roll back. A maintenance chunk is the youngest
+// transaction beside the deciders it waits for, so it is the one a
+// deadlock cancels: it yields (chunkBackoff) and runs again, more times
+// than a Decide, since nothing waits on it.
+const maxChunkAttempts = 10
+
+// chunkBackoff is the wait before a chunk runs again after a deadlock:
+// jittered, so that it stops meeting the same deciders at the same rows.
+var chunkBackoff = retry.Policy{Min: 10 * time.Millisecond, Max: 250 * time.Millisecond}
+
 // runChunk runs fn, one statement of a batched operation, in the shape of
 // the store's engine (citus: see citusShapes), and runs it again when it
 // changed nothing because of a concurrent transaction: a deadlock (with a
 // Decide locking the same rows in another order; on Citus, across shards)
-// rolled it back, or, once, the engine refused the one-server shape
-// (feature_not_supported: the tables were distributed under a running
-// dam). Its error is fn's, unclassified.
+// rolled it back, after a wait (chunkBackoff), or, once, the engine
+// refused the one-server shape (feature_not_supported: the tables were
+// distributed under a running dam). Its error is fn's, unclassified.
 func (s *Store) runChunk(ctx context.Context, fn func(citus bool) error) error {
 	relearned := false
+	var bo *backoff.ExponentialBackOff
 	for attempt := 1; ; attempt++ {
 		citus, err := s.citusShapes(ctx)
 		if err != nil {
 			return err
 		}
 		err = fn(citus)
-		if err == nil || attempt >= maxDecideAttempts || ctx.Err() != nil {
+		if err == nil || attempt >= maxChunkAttempts || ctx.Err() != nil {
 			return err
 		}
 		switch {
 		case !citus && !relearned && s.relearn(ctx, err):
 			relearned = true
 		case isDeadlock(err):
+			if bo == nil {
+				bo = chunkBackoff.Backoff()
+			}
+			t := time.NewTimer(bo.NextBackOff())
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return err
+			}
 		default:
 			return err
 		}
