@@ -155,13 +155,22 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	table := newTableTxn(b.Rule)
 	ids := newIdentities(b.Rule, entities, index)
 	ids.claim, ids.lock = claim, lock
+	var routing *shardMap // the map a routed decide's first run checks
 	if claim && route && !s.unrouted && len(entities) > 0 {
 		m := oneShard // one server running Citus's shapes (SetClaims)
 		if s.engine.Load() == engineDistributed {
 			m = s.shardRouting(ctx, conn.Conn())
 		}
+		if m != nil && m != oneShard && !lock {
+			routing = m
+		}
 		if m != nil {
+			// Routed. The first run reads without locking and writes by
+			// row version, as on one server (tables.go): a duplicate then
+			// costs a worker one index probe, not a placeholder's probe
+			// and a row lock. A run after a lost race claims (lock).
 			ids.groups = m.groups(entities)
+			ids.claim = lock
 		}
 	}
 	wantSources := len(b.Sources) == len(b.Records) && len(b.Records) > 0
@@ -189,7 +198,18 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	if b.Now.IsZero() {
 		rt1.Queue(sqlClock).QueryRow(func(row pgx.Row) error { return row.Scan(&now) })
 	}
+	shards := -1
+	if routing != nil {
+		rt1.Queue(sqlShardCount).QueryRow(func(row pgx.Row) error { return row.Scan(&shards) })
+	}
 	err = conn.SendBatch(ctx, rt1).Close()
+	if routing != nil && err == nil && shards != len(routing.mins) {
+		// A shard split since the map was read. Citus routes each
+		// statement by the values it carries, so this batch is right (a
+		// group spanning two shards runs on both); the next decide reads
+		// the map again. A claim learns it from Citus refusing its read.
+		s.forgetShards()
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		s.rollback(ctx, conn.Conn())
 		return out, false, fmt.Errorf("%w: %s/%d group %q: no progress row (Acquire first)", ErrFenced, p.Topic, p.Partition, p.Group)
@@ -210,7 +230,7 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 		}
 		return out, isRace(err), s.classify("decide", err)
 	}
-	if ids.groups != nil && ids.rows != len(entities) {
+	if ids.groups != nil && ids.claim && ids.rows != len(entities) {
 		// A row that existed when the placeholders were inserted was
 		// deleted before the read locked it (a reset, an expiry): nothing
 		// is locked for that identity. Nothing changed: run again.

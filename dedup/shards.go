@@ -107,6 +107,11 @@ const sqlShardMap = `SELECT array_agg(shardminvalue::int4 ORDER BY shardminvalue
 	(SELECT array_agg(worker_hash(p) ORDER BY n) FROM unnest($1::bytea[]) WITH ORDINALITY AS u(p, n))
 	FROM pg_dist_shard WHERE logicalrelid = to_regclass('state')`
 
+// sqlShardCount counts state's shards: a routed decide's first run reads
+// it with the identities, to learn of a split (its statements are not
+// refused when a group spans shards, as a claim's locking read is).
+const sqlShardCount = `SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = to_regclass('state')`
+
 // hashProbes are values of every length the hash treats differently (the
 // 12-byte blocks, each length of the tail).
 var hashProbes = func() [][]byte {
@@ -375,9 +380,9 @@ func (ids *identities) groupOf() []int32 {
 }
 
 // queueReads queues the read sql ($1 the service, $2 the identities) of
-// every identity, scanning its rows with scan: one statement, or, for a
-// routed claim, per shard group in shard order its placeholders (ph) then
-// its read. Every decide so locks shard after shard, each shard's
+// every identity, scanning its rows with scan: one statement, or, routed,
+// per shard group in shard order its read, after its placeholders (ph) for
+// a routed claim. Every decide so locks shard after shard, each shard's
 // identities in key order, and sends only router statements: Citus then
 // takes none of the shard locks by which it serializes multi-shard writes
 // (citus.enable_deadlock_prevention), and decides of other partitions run
@@ -390,7 +395,9 @@ func (ids *identities) queueReads(rt1 *pgx.Batch, service, sql string, ph placeh
 	}
 	for _, g := range ids.groups {
 		es := ids.groupEntities(g)
-		ph.queue(rt1, service, es)
+		if ph.head != "" {
+			ph.queue(rt1, service, es)
+		}
 		rt1.Queue(sql, service, es).Query(scan)
 	}
 }
@@ -403,4 +410,104 @@ var errStaleShards = errors.New("dedup: decide: the shard map is stale")
 func refused(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == codeNotSupported
+}
+
+// A routed decide's first run (tables.go) reads without locking, as on
+// one server, and inserts its new identities by a multi-row INSERT ...
+// VALUES per shard group (an INSERT ... SELECT FROM unnest would go
+// through the coordinator). The rows are padded like the placeholders',
+// so the statement says ON CONFLICT DO NOTHING and counts the rows it
+// inserted: fewer than the group's new identities means a concurrent
+// decider created one of them meanwhile, a lost race (rowChangedMsg), and
+// the batch runs again as a routed claim, which locks.
+
+// valuesInsert is the shape of a mode's routed insert of new identities.
+type valuesInsert struct {
+	// head is `INSERT INTO t (columns) VALUES`.
+	head string
+	// row is one row: $1 to $c are the arguments at common, each `?` the
+	// row's element of the array argument at the same place in arrays.
+	row string
+	// common and arrays are positions in the arguments of the mode's
+	// writes (queueChanged's args).
+	common, arrays []int
+}
+
+var insertSQL sync.Map // of valuesKey: the statement's text
+
+// sql returns the statement of rows rows: the rows' common arguments
+// first, then how many rows the group has ($c+1), then each row's own.
+func (vi valuesInsert) sql(rows int) string {
+	k := valuesKey{vi.head + vi.row, rows}
+	if s, ok := insertSQL.Load(k); ok {
+		return s.(string)
+	}
+	c := len(vi.common)
+	var b strings.Builder
+	b.WriteString(`WITH w AS (`)
+	b.WriteString(vi.head)
+	n := c + 2
+	for i := range rows {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte(' ')
+		for _, r := range vi.row {
+			if r != '?' {
+				b.WriteRune(r)
+				continue
+			}
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			n++
+		}
+	}
+	count := "$" + strconv.Itoa(c+1) + "::int"
+	b.WriteString(` ON CONFLICT DO NOTHING RETURNING 1) SELECT CASE WHEN count(*) = ` + count + ` THEN 0 ELSE ('` +
+		rowChangedMsg + `: ' || count(*) || ' of ' || ` + count + ` || ' new rows inserted')::int END FROM w`)
+	s, _ := insertSQL.LoadOrStore(k, b.String())
+	return s.(string)
+}
+
+// queue queues the insert of the identities whose arguments args holds
+// (queueChanged's), maxValuesRows rows a statement at most.
+func (vi valuesInsert) queue(rt2 *pgx.Batch, args []any) {
+	n := arrayLen(args[vi.arrays[0]])
+	for start := 0; start < n; start += maxValuesRows {
+		end := min(start+maxValuesRows, n)
+		rows := valuesRows(end - start)
+		a := make([]any, 0, len(vi.common)+1+rows*len(vi.arrays))
+		for _, p := range vi.common {
+			a = append(a, args[p])
+		}
+		a = append(a, end-start)
+		for i := range rows {
+			at := min(start+i, end-1) // the padding repeats the last row
+			for _, p := range vi.arrays {
+				a = append(a, arrayAt(args[p], at))
+			}
+		}
+		rt2.Queue(vi.sql(rows), a...)
+	}
+}
+
+// arrayLen and arrayAt read the array arguments of a mode's writes.
+func arrayLen(a any) int {
+	switch a := a.(type) {
+	case byteaArray:
+		return len(a)
+	case int8Array:
+		return len(a)
+	}
+	panic(fmt.Sprintf("dedup: not an array argument: %T", a))
+}
+
+func arrayAt(a any, i int) any {
+	switch a := a.(type) {
+	case byteaArray:
+		return nonNil(a[i])
+	case int8Array:
+		return a[i]
+	}
+	panic(fmt.Sprintf("dedup: not an array argument: %T", a))
 }

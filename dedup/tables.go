@@ -43,12 +43,22 @@ import (
 //     and is overwritten before commit, since a new identity's first
 //     record is always forwarded. A concurrent decider of a new identity
 //     waits on the placeholder instead of losing a race; a deadlock between
-//     shards is broken by Citus and run again (see Decide). Grouped by
-//     shard (shards.go), the same locks are taken by router statements,
-//     shard after shard: per group, the placeholders by INSERT ... ON
-//     CONFLICT DO NOTHING, then a SELECT ... FOR UPDATE locks and reads
-//     every identity of the group (placeholders included), then an UPDATE
-//     writes those that changed.
+//     shards is broken by Citus and run again (see Decide). That is the
+//     shape of a decide that cannot be grouped by shard. Grouped
+//     (shards.go), a decide's first run is the one-server shape by router
+//     statements: per shard group a plain SELECT reads the rows (ctid and
+//     xmin included), then, shard after shard, per group the new
+//     identities by a multi-row INSERT ... VALUES ... ON CONFLICT DO
+//     NOTHING that counts the rows it inserted, and the rewrite by row
+//     version routed by the group's keys (routedUpdate). A row changed or
+//     an identity created meanwhile fails a count: a lost race, and the
+//     run after it claims, by router statements as well: per group the
+//     placeholders by INSERT ... ON CONFLICT DO NOTHING, then a SELECT ...
+//     FOR UPDATE locks and reads every identity of the group (placeholders
+//     included), then an UPDATE writes those that changed. Both runs lock
+//     in the same order: group by group, new identities before existing
+//     rows, each in key order. A duplicate so costs a worker one index
+//     probe in the first run, not a placeholder's probe and a row lock.
 //
 // Both shapes read the same state and run the same rule; their writes set
 // the same columns.
@@ -204,8 +214,12 @@ func (ids *identities) decide(i int, r *Record, now time.Time) Decision {
 // entities): update for those the one-server read found (with their tids
 // and xmins as two more arguments), upsert for every one a claim locked,
 // rewrite for those of each shard group of a routed claim, insert for the
-// new ones.
-func (ids *identities) queueChanged(rt2 *pgx.Batch, update, upsert, rewrite, insert string, args func(is []int) []any) {
+// new ones (see writes).
+func (ids *identities) queueChanged(rt2 *pgx.Batch, w writes, args func(is []int) []any) {
+	if ids.groups != nil && !ids.claim {
+		ids.queueChangedRouted(rt2, w, args)
+		return
+	}
 	var found, added []int
 	for i, c := range ids.changed {
 		switch {
@@ -219,22 +233,65 @@ func (ids *identities) queueChanged(rt2 *pgx.Batch, update, upsert, rewrite, ins
 	switch {
 	case len(found) == 0:
 	case ids.groups != nil:
-		// Routed: every identity has a row, locked by the read.
+		// A routed claim: every identity has a row, locked by the read.
 		for _, g := range ids.byGroup(found) {
-			rt2.Queue(rewrite, args(g)...)
+			rt2.Queue(w.rewrite, args(g)...)
 		}
 	case ids.claim:
-		rt2.Queue(upsert, args(found)...)
+		rt2.Queue(w.upsert, args(found)...)
 	default:
 		// In key order (entities are: see identify), as every decider
 		// writes: concurrent rewrites of the same rows wait for each other
 		// instead of deadlocking.
 		tids, xmins := ids.versions(found)
-		rt2.Queue(update, append(args(found), tids, xmins)...)
+		rt2.Queue(w.update, append(args(found), tids, xmins)...)
 	}
 	if len(added) > 0 {
-		rt2.Queue(insert, args(added)...)
+		rt2.Queue(w.insert, args(added)...)
 	}
+}
+
+// queueChangedRouted is queueChanged for a routed decide's first run (no
+// claim): per shard group in shard order, the group's new identities
+// inserted (w.values), then the rows it found rewritten by row version
+// (w.updateRouted), each in key order. A routed claim takes its locks in
+// the same order (per group its placeholders, then the read that locks):
+// deciders of overlapping identities, one in its first run and one
+// claiming, wait for each other instead of deadlocking.
+func (ids *identities) queueChangedRouted(rt2 *pgx.Batch, w writes, args func(is []int) []any) {
+	var changed []int
+	for i, c := range ids.changed {
+		if c {
+			changed = append(changed, i)
+		}
+	}
+	for _, g := range ids.byGroup(changed) {
+		var found, added []int
+		for _, i := range g {
+			if ids.found[i] {
+				found = append(found, i)
+			} else {
+				added = append(added, i)
+			}
+		}
+		if len(added) > 0 {
+			w.values.queue(rt2, args(added))
+		}
+		if len(found) > 0 {
+			tids, xmins := ids.versions(found)
+			rt2.Queue(w.updateRouted, append(args(found), tids, xmins, len(found))...)
+		}
+	}
+}
+
+// writes are a mode's statements writing changed identities (see
+// queueChanged): update by row version, one server; updateRouted the
+// same, routed by a shard group's identities; upsert for a claim; rewrite
+// for a routed claim; insert for new identities, and values the same
+// routed.
+type writes struct {
+	update, updateRouted, upsert, rewrite, insert string
+	values                                        valuesInsert
 }
 
 // versions returns the row versions the read found for the identities
@@ -338,6 +395,34 @@ const (
 		WHERE s.service = $1 AND s.entity = ANY($4::bytea[]) AND s.entity = u.e`
 )
 
+var stateWrites = writes{
+	update: sqlUpdateState, updateRouted: routedUpdate(sqlUpdateState, "s.entity = ANY($4::bytea[])", "$8", "$10"),
+	upsert: sqlWriteState, rewrite: sqlRewriteState, insert: sqlInsertState,
+	values: valuesInsert{
+		head:   `INSERT INTO state (service, entity, digest, updated_at, src_topic, src_partition, src_offset) VALUES`,
+		row:    `($1, ?, ?, $4, $2, $3, ?)`,
+		common: []int{0, 1, 2, 6}, arrays: []int{3, 4, 5},
+	},
+}
+
+// routedUpdate returns a one-server rewrite by row version (sqlUpdateState
+// and its kin) with cond, a condition on the distribution column that
+// holds for every row it rewrites, so that Citus routes it to the one
+// shard of a shard group. The workers still rewrite by tid.
+//
+// Its check counts against a number (count, one more argument after the
+// row versions), not the cardinality of the tid array: Citus writes every
+// array argument into the text of the worker's statement, once per use.
+func routedUpdate(sql, cond, tids, count string) string {
+	const at = `$1::text IS NOT NULL RETURNING 1)`
+	card := `cardinality(` + tids + `::tid[])`
+	if !strings.Contains(sql, at) || strings.Count(sql, card) != 2 || strings.Contains(sql, count) {
+		panic("dedup: routedUpdate: not a rewrite by row version: " + sql)
+	}
+	sql = strings.Replace(sql, at, `$1::text IS NOT NULL AND `+cond+` RETURNING 1)`, 1)
+	return strings.ReplaceAll(sql, card, count+`::int`)
+}
+
 // lastSeenTxn is table state. With refresh, the read also takes when each
 // identity was last forwarded.
 type lastSeenTxn struct{ refresh bool }
@@ -346,7 +431,7 @@ func (t lastSeenTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) 
 	var sql string
 	var ph placeholders
 	switch {
-	case ids.groups != nil:
+	case ids.groups != nil && ids.claim:
 		ph = placeholders{sqlPlaceholdersState, sqlPlaceholderStateRow}
 		sql = pick(t.refresh, sqlLockStateRoutedRefresh, sqlLockStateRouted)
 	case ids.claim:
@@ -378,7 +463,7 @@ func (t lastSeenTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) 
 }
 
 func (t lastSeenTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
-	ids.queueChanged(rt2, sqlUpdateState, sqlWriteState, sqlRewriteState, sqlInsertState, func(is []int) []any {
+	ids.queueChanged(rt2, stateWrites, func(is []int) []any {
 		entities, digests, offsets := ids.columns(is)
 		return []any{service, p.Topic, p.Partition, entities, digests, offsets, now}
 	})
@@ -435,6 +520,20 @@ const (
 		WHERE w.service = $1 AND w.id = ANY($4::bytea[]) AND w.id = u.i`
 )
 
+var windowWrites = writes{
+	update: sqlUpdateWindow, updateRouted: routedUpdate(sqlUpdateWindow, "w.id = ANY($4::bytea[])", "$9", "$11"),
+	upsert: sqlWriteWindow, rewrite: sqlRewriteWindow, insert: sqlInsertWindow,
+	values: valuesInsert{
+		head:   `INSERT INTO window_ids (service, id, expires_at, forwarded_at, digest, src_topic, src_partition, src_offset) VALUES`,
+		row:    `($1, ?, $5, $4, ?, $2, $3, ?)`,
+		common: []int{0, 1, 2, 6, 7}, arrays: []int{3, 4, 5},
+	},
+}
+
+// sqlExtendWindowTIDsRouted is sqlExtendWindowTIDs routed by the shard
+// group's ids ($5).
+var sqlExtendWindowTIDsRouted = routedUpdate(sqlExtendWindowTIDs, "w.id = ANY($5::bytea[])", "$2", "$6")
+
 // windowTxn is table window_ids.
 type windowTxn struct{ window time.Duration }
 
@@ -442,7 +541,7 @@ func (t windowTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 	sql := pick(ids.lock, sqlLockWindow, sqlReadWindowRows)
 	var ph placeholders
 	switch {
-	case ids.groups != nil:
+	case ids.groups != nil && ids.claim:
 		ph = placeholders{sqlPlaceholdersWindow, sqlPlaceholderWindowRow}
 		sql = sqlLockWindowRouted
 	case ids.claim:
@@ -455,7 +554,7 @@ func (t windowTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 		var v rowVersion
 		found := true
 		dest := []any{&id, &exp}
-		if ids.groups != nil {
+		if ids.groups != nil && ids.claim {
 			dest = append(dest, &found)
 		}
 		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.dest(ids, dest)), func() error {
@@ -473,7 +572,7 @@ func (t windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids 
 	// Every identity the batch forwarded or extended expires at the same
 	// time: one decision time per batch.
 	exp := now.Add(t.window)
-	ids.queueChanged(rt2, sqlUpdateWindow, sqlWriteWindow, sqlRewriteWindow, sqlInsertWindow, func(is []int) []any {
+	ids.queueChanged(rt2, windowWrites, func(is []int) []any {
 		entities, digests, offsets := ids.columns(is)
 		return []any{service, p.Topic, p.Partition, entities, digests, offsets, now, exp}
 	})
@@ -505,13 +604,16 @@ func (t windowTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids 
 		rt2.Queue(sqlExtendWindow, service, ext, exp)
 	}
 	if len(found) > 0 {
-		// found is in key order: see queueChanged.
-		tids, xmins := ids.versions(found)
-		keys := make(byteaArray, len(found))
-		for k, i := range found {
-			keys[k] = ids.entities[i]
+		// found is in key order: see queueChanged. Routed, per shard group.
+		if ids.groups == nil {
+			tids, xmins := ids.versions(found)
+			rt2.Queue(sqlExtendWindowTIDs, service, tids, exp, xmins, ids.groupEntities(found))
+		} else {
+			for _, g := range ids.byGroup(found) {
+				tids, xmins := ids.versions(g)
+				rt2.Queue(sqlExtendWindowTIDsRouted, service, tids, exp, xmins, ids.groupEntities(g), len(g))
+			}
 		}
-		rt2.Queue(sqlExtendWindowTIDs, service, tids, exp, xmins, keys)
 	}
 }
 
@@ -555,6 +657,16 @@ const (
 		WHERE v.service = $1 AND v.entity = ANY($4::bytea[]) AND v.entity = u.e`
 )
 
+var versionWrites = writes{
+	update: sqlUpdateVersion, updateRouted: routedUpdate(sqlUpdateVersion, "v.entity = ANY($4::bytea[])", "$9", "$11"),
+	upsert: sqlWriteVersion, rewrite: sqlRewriteVersion, insert: sqlInsertVersion,
+	values: valuesInsert{
+		head:   `INSERT INTO versions (service, entity, version, digest, updated_at, src_topic, src_partition, src_offset) VALUES`,
+		row:    `($1, ?, ?, ?, $4, $2, $3, ?)`,
+		common: []int{0, 1, 2, 7}, arrays: []int{3, 4, 5, 6},
+	},
+}
+
 // versionTxn is table versions.
 type versionTxn struct{}
 
@@ -562,7 +674,7 @@ func (versionTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 	sql := pick(ids.lock, sqlLockVersion, sqlReadVersionRows)
 	var ph placeholders
 	switch {
-	case ids.groups != nil:
+	case ids.groups != nil && ids.claim:
 		ph = placeholders{sqlPlaceholdersVersion, sqlPlaceholderVersionRow}
 		sql = sqlLockVersionRouted
 	case ids.claim:
@@ -575,7 +687,7 @@ func (versionTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 		var v rowVersion
 		found := true
 		dest := []any{&e, &n}
-		if ids.groups != nil {
+		if ids.groups != nil && ids.claim {
 			dest = append(dest, &found)
 		}
 		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.dest(ids, dest)), func() error {
@@ -590,7 +702,7 @@ func (versionTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 }
 
 func (versionTxn) queueWrites(rt2 *pgx.Batch, service string, p Partition, ids *identities, now time.Time) {
-	ids.queueChanged(rt2, sqlUpdateVersion, sqlWriteVersion, sqlRewriteVersion, sqlInsertVersion, func(is []int) []any {
+	ids.queueChanged(rt2, versionWrites, func(is []int) []any {
 		entities, digests, offsets := ids.columns(is)
 		versions := make(int8Array, len(is))
 		for k, i := range is {

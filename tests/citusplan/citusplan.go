@@ -24,6 +24,7 @@ package citusplan
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"regexp"
@@ -297,16 +298,39 @@ func classify(plan string) Class {
 	switch {
 	case c.Tasks == 1 && len(subplans.FindAllString(plan, -1)) == 0 && !strings.Contains(s[1], "INSERT ... SELECT"):
 		c.Kind = "router"
+	case countedOnCoordinator(plan):
+		c.Kind = "router"
+		c.Detail = "its one subplan a router task; the count of its rows on the coordinator"
 	default:
 		c.Kind = "multi-shard"
 	}
 	return c
 }
 
+// countedOnCoordinator reports the plan of a modification counted by a
+// CTE (dam's insert of new identities): one distributed subplan of one
+// task (the modification, on its shard), then one task on the
+// coordinator reading the subplan's result.
+func countedOnCoordinator(plan string) bool {
+	if len(subplans.FindAllString(plan, -1)) != 1 || !strings.Contains(plan, "read_intermediate_result") {
+		return false
+	}
+	counts := taskCount.FindAllStringSubmatch(plan, -1)
+	for _, m := range counts {
+		if m[1] != "1" {
+			return false
+		}
+	}
+	return len(counts) == 2
+}
+
 // names tells what a statement does, by its text; the first match wins.
 var names = []struct{ has, name string }{
 	{"WHERE false", "claim (lock by writing)"},
+	{"new rows inserted", "insert new (VALUES, a shard's group)"},
 	{"ON CONFLICT DO NOTHING", "placeholders (VALUES)"},
+	{"ANY($4::bytea[]) RETURNING 1)", "rewrite by row version (a shard's group)"},
+	{"ANY($5::bytea[]) RETURNING 1)", "extend windows (a shard's group)"},
 	{"ORDER BY entity FOR UPDATE", "read and lock (a shard's group)"},
 	{"ORDER BY id FOR UPDATE", "read and lock (a shard's group)"},
 	{"= ANY($4::bytea[]) AND", "write (a shard's group)"},
@@ -351,6 +375,7 @@ var names = []struct{ has, name string }{
 	{"pg_advisory_unlock", "advisory unlock"},
 	{"pg_dist_partition", "engine"},
 	{"pg_class", "row estimate"},
+	{"ctid, xmin FROM", "read (a shard's group, no lock)"},
 	{"= ANY($2::bytea[])", "read"},
 }
 
@@ -454,6 +479,67 @@ func (r *recorder) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 
 func (r *recorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
+// lostRace decides a batch of one new identity (last-seen, at start of
+// p) while another transaction is creating it: the decide's first run
+// waits on that transaction's row, finds it committed, loses the race,
+// and runs again as a claim (its placeholders, its locking read and its
+// rewrite).
+func lostRace(ctx context.Context, s *dedup.Store, p dedup.Partition, epoch, start int64, service string, d canon.Digest) error {
+	// Connections of their own: the store's pool may have no room.
+	cfg := s.Pool().Config().ConnConfig.Copy()
+	cfg.Tracer = nil
+	other, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer other.Close(ctx)
+	watch, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer watch.Close(ctx)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	entity := []byte("entity-lost-race")
+	// Another content: the claim's run forwards the record, and rewrites.
+	if _, err := tx.Exec(ctx, `INSERT INTO state (service, entity, digest) VALUES ($1, $2, $3)`, service, entity, []byte("another content")); err != nil {
+		return err
+	}
+	b := &dedup.Batch{Service: service, Partition: p, Epoch: epoch, Start: start, End: start + 1, Delivered: start,
+		Records: []dedup.Record{{Offset: start, Entity: entity, Digest: d}}}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Decide(withOp(ctx, "decide after a lost race"), b, nil)
+		done <- err
+	}()
+	// Commit once the decide waits on the row (Citus's view of the
+	// workers' lock waits), not before: it must not find it committed.
+	for waited := 0; ; waited++ {
+		var n int
+		if err := watch.QueryRow(ctx, `SELECT count(*) FROM citus_lock_waits`).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			break
+		}
+		select {
+		case err := <-done:
+			return fmt.Errorf("the decide ended before waiting on the other transaction: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if waited > 1000 {
+			return errors.New("the decide did not wait on the other transaction in 10 s")
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	return <-done
+}
+
 // scenario runs the store's operations: what the sidecar, the check
 // service and the state commands send.
 func scenario(ctx context.Context, s *dedup.Store, o Options) error {
@@ -471,6 +557,7 @@ func scenario(ctx context.Context, s *dedup.Store, o Options) error {
 	}
 	rules := []dedup.Rule{{Mode: dedup.LastSeen}, {Mode: dedup.Window, Window: time.Hour, Sliding: true}, {Mode: dedup.Version}}
 	var parts []dedup.Partition
+	var epochs []int64
 	for i, rule := range rules {
 		service := "plan-" + rule.Mode.String()
 		p := dedup.Partition{Group: "g", Topic: "input", Partition: int32(i)}
@@ -487,6 +574,7 @@ func scenario(ctx context.Context, s *dedup.Store, o Options) error {
 		if _, err := s.BindTopic(pctx, p, pr.Epoch, [16]byte{1}); err != nil {
 			return must("bind topic", err)
 		}
+		epochs = append(epochs, pr.Epoch)
 		// Two batches: the first creates Batch identities, the second
 		// finds half of them and creates as many; 30% of its records
 		// repeat their identity's content.
@@ -506,6 +594,9 @@ func scenario(ctx context.Context, s *dedup.Store, o Options) error {
 			}
 			next = batch.End
 		}
+	}
+	if err := must("decide after a lost race", lostRace(ctx, s, parts[0], epochs[0], int64(2*o.Batch), "plan-"+rules[0].Mode.String(), digest(0, 9))); err != nil {
+		return err
 	}
 	p := parts[0]
 	rctx := withOp(ctx, "recovery")
