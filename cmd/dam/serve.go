@@ -57,7 +57,7 @@ SIGINT lets the requests in flight finish and exits 0.`,
 // runServe runs the check service until ctx is canceled.
 func runServe(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newBuildInfo())
 	if err := schemaWithRetry(ctx, cfg, log); err != nil {
 		if errors.Is(err, context.Canceled) {
 			return nil

@@ -98,7 +98,7 @@ func TestServeCommand(t *testing.T) {
 	resp.Body.Close()
 	// customer-2 has no route and no token of its own: serve.services
 	// names it, and it is counted by name.
-	for _, want := range []string{`dam_serve_decisions_total{decision="duplicate",service="customer-2"} 1`, "go_goroutines", "process_resident_memory_bytes"} {
+	for _, want := range []string{`dam_serve_decisions_total{decision="duplicate",service="customer-2"} 1`, "go_goroutines", "process_resident_memory_bytes", "dam_build_info{"} {
 		if !bytes.Contains(metrics, []byte(want)) {
 			t.Errorf("metrics lack %s", want)
 		}
