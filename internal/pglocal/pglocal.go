@@ -292,6 +292,31 @@ func Reachable(ctx context.Context, dsn string) error {
 	return nil
 }
 
+// ReachableOrStart returns dsn when a server answers there within 3
+// seconds, else the DSN of a throwaway cluster it starts (saying so through
+// logf), with the function that stops it (a no-op for dsn's server): what
+// the benchmarks use when no server is configured.
+func ReachableOrStart(ctx context.Context, dsn string, logf func(string, ...any)) (string, func(), error) {
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	err := Reachable(cctx, dsn)
+	cancel()
+	if err == nil {
+		return dsn, func() {}, nil
+	}
+	logf("%s unreachable (%v): starting a throwaway PostgreSQL", dsn, err)
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	c, err := Start(sctx, logf)
+	if err != nil {
+		return "", nil, err
+	}
+	return c.DSN(), func() {
+		if err := c.Stop(); err != nil {
+			logf("%v", err)
+		}
+	}, nil
+}
+
 func (c *Cluster) data() string { return filepath.Join(c.dir, "data") }
 
 func (c *Cluster) serverLog() string {

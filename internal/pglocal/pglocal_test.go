@@ -75,3 +75,45 @@ func TestReachableFailsFast(t *testing.T) {
 		t.Fatalf("Reachable took %v", d)
 	}
 }
+
+// TestReachableOrStart: a DSN that answers is used as it is; one that does
+// not gets a throwaway cluster, which the returned function stops.
+func TestReachableOrStart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := Start(ctx, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	dsn, stop, err := ReachableOrStart(ctx, c.DSN(), t.Logf)
+	if err != nil || dsn != c.DSN() {
+		t.Fatalf("a reachable server: %q, %v; want %q", dsn, err, c.DSN())
+	}
+	stop()
+	if err := Reachable(ctx, c.DSN()); err != nil {
+		t.Fatalf("the stop of a reachable server's DSN stopped it: %v", err)
+	}
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "postgres://postgres@" + l.Addr().String() + "/postgres?sslmode=disable"
+	l.Close()
+	dsn, stop, err = ReachableOrStart(ctx, closed, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dsn == closed {
+		t.Fatal("an unreachable DSN was returned as it is")
+	}
+	if err := Reachable(ctx, dsn); err != nil {
+		t.Fatalf("the throwaway cluster: %v", err)
+	}
+	stop()
+	if err := Reachable(ctx, dsn); err == nil {
+		t.Fatal("the throwaway cluster answers after its stop")
+	}
+}

@@ -631,24 +631,7 @@ func postgres(ctx context.Context, dsn string) (string, func(), error) {
 	if dsn == "" {
 		dsn = defaultDSN
 	}
-	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	err := pglocal.Reachable(cctx, dsn)
-	cancel()
-	if err == nil {
-		return dsn, func() {}, nil
-	}
-	logf("%s unreachable (%v): starting a throwaway PostgreSQL", dsn, err)
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	c, err := pglocal.Start(sctx, logf)
-	if err != nil {
-		return "", nil, err
-	}
-	return c.DSN(), func() {
-		if err := c.Stop(); err != nil {
-			logf("%v", err)
-		}
-	}, nil
+	return pglocal.ReachableOrStart(ctx, dsn, logf)
 }
 
 // freshSchema creates an empty schema (dam serve migrates it) and returns
