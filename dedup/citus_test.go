@@ -429,7 +429,7 @@ func TestCitusFirstRunReadsNoCommitStillPrepared(t *testing.T) {
 	_, pxPort, _ := net.SplitHostPort(px.Addr())
 	var port int
 	fmt.Sscan(pxPort, &port)
-	x := entitiesOnNode(t, s.Pool(), port, 1)[0]               // on worker 0, behind the proxy
+	x := entitiesOnNode(t, s.Pool(), port, 1)[0]                // on worker 0, behind the proxy
 	y := entitiesOnNode(t, s.Pool(), cc.Worker(1).Port(), 1)[0] // on worker 1
 	p1, e1 := partition(t, s, "one")
 	p2, e2 := partition(t, s, "two")
