@@ -403,3 +403,79 @@ func TestCitusRewriteWritesOnlyItsIdentity(t *testing.T) {
 		}
 	}
 }
+
+// TestCitusFirstRunReadsNoCommitStillPrepared: on Citus, a decide's first
+// run does not decide on a row that a committed decide's transaction still
+// holds prepared on its worker. A two-phase commit is decided by the
+// coordinator's commit; a worker that missed its COMMIT PREPARED (a lost
+// connection) holds the transaction prepared until the coordinator's
+// recovery commits it, and the committed decide has told its caller it
+// forwarded. A plain read on that worker still returns the row as it was
+// before: a record equal to that old content, decided on it as a
+// Duplicate, would be dropped although the identity's last forwarded
+// content differs (a lost record). Deciding it must wait for the prepared
+// transaction (and may give up with ErrUnavailable, which the caller
+// retries), as a claim's lock does.
+func TestCitusFirstRunReadsNoCommitStillPrepared(t *testing.T) {
+	cc := pgtest.NeedCitusCluster(t)
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	px := proxyWorker(t, cc, 0)
+	s, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, pxPort, _ := net.SplitHostPort(px.Addr())
+	var port int
+	fmt.Sscan(pxPort, &port)
+	x := entitiesOnNode(t, s.Pool(), port, 1)[0]                // on worker 0, behind the proxy
+	y := entitiesOnNode(t, s.Pool(), cc.Worker(1).Port(), 1)[0] // on worker 1
+	p1, e1 := partition(t, s, "one")
+	p2, e2 := partition(t, s, "two")
+
+	decide := func(p dedup.Partition, epoch, start int64, recs ...dedup.Record) ([]dedup.Decision, error) {
+		b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: start, End: start + int64(len(recs))}
+		for i, r := range recs {
+			r.Offset = start + int64(i)
+			b.Records = append(b.Records, r)
+		}
+		return s.Decide(ctx, b, nil)
+	}
+	// x holds A.
+	if out, err := decide(p1, e1, 0, dedup.Record{Entity: x, Digest: digest("A")}); err != nil || out[0] != dedup.Forward {
+		t.Fatalf("seed: %v, %v", out, err)
+	}
+	// Partition one forwards B for x (and a new y, on the other worker: the
+	// commit is two-phase); worker 0 never receives its COMMIT PREPARED.
+	px.LoseNextCommitPrepared()
+	out, err := decide(p1, e1, 1, dedup.Record{Entity: x, Digest: digest("B")}, dedup.Record{Entity: y, Digest: digest("Y")})
+	if err != nil || out[0] != dedup.Forward {
+		t.Fatalf("partition one forwarding B: %v, %v", out, err)
+	}
+	w, err := pgx.Connect(ctx, cc.Worker(0).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(ctx)
+	var prepared int
+	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil {
+		t.Fatal(err)
+	}
+	if prepared == 0 {
+		t.Skip("worker 0 holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove")
+	}
+	t.Logf("partition one's decide returned %v; worker 0 holds %d transaction(s) prepared", out, prepared)
+
+	// Partition two, after: A again for x. x's last forwarded content is B.
+	out, err = decide(p2, e2, 0, dedup.Record{Entity: x, Digest: digest("A")})
+	switch {
+	case errors.Is(err, dedup.ErrUnavailable):
+		t.Logf("partition two: %v (waited for the prepared transaction; retried by the caller)", err)
+	case err != nil:
+		t.Fatal(err)
+	case out[0] != dedup.Forward:
+		t.Fatalf("partition two decided A for x %v after partition one's committed forward of B: "+
+			"decided on the row as before the transaction its worker still holds prepared; A is lost", out[0])
+	}
+}

@@ -545,3 +545,54 @@ func testDecideNewIdentityRace(t *testing.T, s *dedup.Store, exhaust bool) {
 		t.Fatalf("next batch: %v, %v", got, err)
 	}
 }
+
+// TestRoutedFirstRunCountsPaddedRows: a routed first run inserts its new
+// identities by a multi-row VALUES padded by repeating the last row, and
+// counts what it inserted: an identity created meanwhile by another
+// transaction, the last (whose row is repeated) or one before it, fails the
+// count, and the batch is decided again on the row (Duplicate), never
+// forwarded a second time.
+func TestRoutedFirstRunCountsPaddedRows(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{9, 13} { // padded to 10 and 14 rows
+		for _, at := range []int{n - 1, n / 2} {
+			t.Run(fmt.Sprintf("%d-new-created-%d", n, at), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				s := newStore(t)
+				dedup.SetClaims(s)
+				p, epoch := partition(t, s, "pad")
+				d := digest("A")
+				other, err := s.Pool().Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer other.Rollback(ctx)
+				created := fmt.Sprintf("new-%02d", at)
+				if _, err := other.Exec(ctx, `INSERT INTO state (service, entity, digest, updated_at) VALUES ('svc', $1::bytea, $2, now())`,
+					[]byte(created), d[:]); err != nil {
+					t.Fatal(err)
+				}
+				var xid string
+				if err := other.QueryRow(ctx, `SELECT pg_current_xact_id()::xid::text`).Scan(&xid); err != nil {
+					t.Fatal(err)
+				}
+				b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: 0, End: int64(n)}
+				want := make([]dedup.Decision, n)
+				for i := range n {
+					b.Records = append(b.Records, dedup.Record{Offset: int64(i), Entity: fmt.Appendf(nil, "new-%02d", i), Digest: d})
+					want[i] = F
+				}
+				want[at] = D
+				done := decideBlocked(ctx, t, s, b, xid, "the concurrent insert")
+				if err := other.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+				r := <-done
+				if r.err != nil || !slices.Equal(r.got, want) {
+					t.Fatalf("Decide after %s was created meanwhile: %v, %v; want %v", created, r.got, r.err, want)
+				}
+			})
+		}
+	}
+}

@@ -45,6 +45,8 @@ type Proxy struct {
 	commit atomic.Pointer[func()]
 	// hold is the action armed by HoldNextCommitReply (nil: none).
 	hold atomic.Pointer[holdReply]
+	// prepared is armed by LoseNextCommitPrepared.
+	prepared atomic.Bool
 
 	mu    sync.Mutex
 	mode  mode
@@ -141,6 +143,10 @@ func (p *Proxy) pipe(l *link) {
 	go func() { // client -> server
 		defer wg.Done()
 		p.copy(l, up, l.client, func(chunk []byte) bool {
+			if bytes.Contains(chunk, []byte("COMMIT PREPARED")) && p.prepared.Swap(false) {
+				go l.close()
+				return false
+			}
 			if commits.spot(chunk) {
 				if h := p.hold.Swap(nil); h != nil {
 					hold.Store(h)
@@ -320,6 +326,14 @@ func (p *Proxy) LoseNextCommitReply(then func()) {
 	}
 	p.commit.Store(&then)
 }
+
+// LoseNextCommitPrepared arms a one-shot fault for a Citus worker: the
+// next COMMIT PREPARED the coordinator sends it never arrives, and the
+// connection is dropped. The coordinator has committed (its commit record
+// is the decision of the two-phase commit) and its client is told so; the
+// worker holds the transaction prepared until the coordinator's recovery
+// of prepared transactions commits it.
+func (p *Proxy) LoseNextCommitPrepared() { p.prepared.Store(true) }
 
 // holdReply is an armed HoldNextCommitReply.
 type holdReply struct {
