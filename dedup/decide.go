@@ -230,6 +230,13 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 		}
 		return out, isRace(err), s.classify("decide", err)
 	}
+	if ids.inDoubt {
+		// A row's last change is prepared on its worker, not committed
+		// there yet (tables.go, sqlInDoubt). Nothing changed: run again
+		// as a claim, which waits for it.
+		s.rollback(ctx, conn.Conn())
+		return out, true, errors.New("dedup: decide: a row's last change is prepared on its worker, not committed there yet")
+	}
 	if ids.groups != nil && ids.claim && ids.rows != len(entities) {
 		// A row that existed when the placeholders were inserted was
 		// deleted before the read locked it (a reset, an expiry): nothing

@@ -388,6 +388,9 @@ func (ids *identities) groupOf() []int32 {
 // (citus.enable_deadlock_prevention), and decides of other partitions run
 // beside it.
 func (ids *identities) queueReads(rt1 *pgx.Batch, service, sql string, ph placeholders, scan func(pgx.Rows) error) {
+	if ids.groups != nil && !ids.claim {
+		sql = strings.Replace(sql, " FROM ", sqlInDoubt, 1)
+	}
 	sql = ids.sourceSQL(sql)
 	if ids.groups == nil {
 		rt1.Queue(sql, service, byteaArray(ids.entities)).Query(scan)

@@ -57,8 +57,12 @@ import (
 //     FOR UPDATE locks and reads every identity of the group (placeholders
 //     included), then an UPDATE writes those that changed. Both runs lock
 //     in the same order: group by group, new identities before existing
-//     rows, each in key order. A duplicate so costs a worker one index
-//     probe in the first run, not a placeholder's probe and a row lock.
+//     rows, each in key order (but for the sliding windows' extensions,
+//     which a first run writes after every group: a deadlock there is
+//     broken by the server and the batch runs again). A duplicate so costs
+//     a worker one index probe in the first run, not a placeholder's probe
+//     and a row lock. A row whose last change is still prepared on its
+//     worker makes the first run a lost race (sqlInDoubt).
 //
 // Both shapes read the same state and run the same rule; their writes set
 // the same columns.
@@ -97,9 +101,12 @@ type identities struct {
 	// indexes by shard, each group read, locked and rewritten by its own
 	// statements. group is each identity's group (groupOf); rows counts
 	// the rows the groups' reads locked.
-	groups   [][]int
-	group    []int32
-	rows     int
+	groups [][]int
+	group  []int32
+	rows   int
+	// inDoubt: a routed first run read a row whose last change is
+	// prepared on its worker (sqlInDoubt): the run is a lost race.
+	inDoubt  bool
 	entities [][]byte
 	index    entityIndex // finds an entity in entities
 	// state is each identity's state: as the read found it, then as each
@@ -139,6 +146,7 @@ func newIdentities(rule Rule, entities [][]byte, index entityIndex) *identities 
 // read records the state read for entity e, and which row version (a
 // claim reads none). It keeps nothing of e.
 func (ids *identities) read(e []byte, st Stored, v rowVersion) {
+	ids.inDoubt = ids.inDoubt || v.inDoubt
 	if i, ok := ids.index.find(e); ok {
 		ids.found[i], ids.state[i] = true, st
 		if ids.sources != nil && st.Found {
@@ -157,16 +165,44 @@ func (ids *identities) read(e []byte, st Stored, v rowVersion) {
 type rowVersion struct {
 	tid  pgtype.TID
 	xmin uint32
+	// inDoubt: a routed first run's read found the row's last change
+	// prepared on its worker (see sqlInDoubt).
+	inDoubt bool
 }
 
 // dest adds the row version's columns (ctid, xmin) to a read's, on one
-// server.
+// server and in a routed first run.
 func (v *rowVersion) dest(ids *identities, dest []any) []any {
 	if ids.claim {
 		return dest
 	}
 	return append(dest, &v.tid, &v.xmin)
 }
+
+// doubtDest adds, in a routed first run, whether the row is in doubt: the
+// column sqlInDoubt adds at the end of the read's select list (before the
+// sources', sourceSQL).
+func (v *rowVersion) doubtDest(ids *identities, dest []any) []any {
+	if ids.claim || ids.groups == nil {
+		return dest
+	}
+	return append(dest, &v.inDoubt)
+}
+
+// sqlInDoubt is the column a routed first run's read adds after xmin:
+// whether the transaction that last changed the row (xmax) is prepared on
+// the row's worker. Citus commits a decide that wrote several workers in
+// two phases, and a worker whose COMMIT PREPARED was lost (a connection
+// cut) holds the transaction prepared until the coordinator's recovery
+// commits it (citus.recover_2pc_interval), although the decide has
+// returned committed: a plain read there sees the row as before it. A
+// write would wait for it, but a duplicate writes nothing, and would be
+// decided on the old content. Such a row makes the run a lost race; the
+// claim after it locks, and so waits for the prepared transaction (or
+// ends as unavailable, retried). The array is built once per statement,
+// on the worker (Citus sends a FROM-less sublink with the task; a FROM
+// pg_prepared_xacts would be read on the coordinator).
+const sqlInDoubt = `, xmax = ANY(ARRAY(SELECT (pg_prepared_xact()).transaction)) FROM `
 
 // sqlSourceColumns are the columns a read adds, last, when the batch asks
 // for its sources (Batch.Sources).
@@ -451,7 +487,7 @@ func (t lastSeenTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) 
 		if t.refresh {
 			dest = append(dest, &at)
 		}
-		dest = ids.sourceDest(dest)
+		dest = ids.sourceDest(v.doubtDest(ids, dest))
 		_, err := pgx.ForEachRow(rs, dest, func() error {
 			// A row whose digest is NULL holds no state, but exists.
 			ids.read(e, Stored{Found: d != nil, Digest: storedDigest(d), Forwarded: at}, v)
@@ -557,7 +593,7 @@ func (t windowTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 		if ids.groups != nil && ids.claim {
 			dest = append(dest, &found)
 		}
-		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.dest(ids, dest)), func() error {
+		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.doubtDest(ids, v.dest(ids, dest))), func() error {
 			ids.rows++
 			if found { // not a placeholder
 				ids.read(id, Stored{Found: true, Expires: exp}, v)
@@ -690,7 +726,7 @@ func (versionTxn) queueRead(rt1 *pgx.Batch, service string, ids *identities) {
 		if ids.groups != nil && ids.claim {
 			dest = append(dest, &found)
 		}
-		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.dest(ids, dest)), func() error {
+		_, err := pgx.ForEachRow(rs, ids.sourceDest(v.doubtDest(ids, v.dest(ids, dest))), func() error {
 			ids.rows++
 			if found { // not a placeholder
 				ids.read(e, Stored{Found: true, Version: n}, v)

@@ -375,7 +375,7 @@ var names = []struct{ has, name string }{
 	{"pg_advisory_unlock", "advisory unlock"},
 	{"pg_dist_partition", "engine"},
 	{"pg_class", "row estimate"},
-	{"ctid, xmin FROM", "read (a shard's group, no lock)"},
+	{"pg_prepared_xact()", "read (a shard's group, no lock)"},
 	{"= ANY($2::bytea[])", "read"},
 }
 
