@@ -125,7 +125,7 @@ func main() {
 	flag.DurationVar(&o.steady, "steady", 5*time.Second, "duration of the steady phase")
 	flag.Float64Var(&o.dupRate, "dup-rate", 0.30, "share of records repeating their entity's content")
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $"+envDSN+", else "+defaultDSN+", else a throwaway local cluster)")
-	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-tap,dam-pointer,dam-eos,dam-pointer,dam-tap,dam,dam-base,dam-small,dam-pointer-small,dam-pointer-small,dam-small,dam-eos,dam-analyze,dam-analyze-full,dam-single,dam-citus",
+	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-tap,dam-pointer,dam-eos,dam-pointer,dam-tap,dam,dam-base,dam-small,dam-pointer-small,dam-pointer-small,dam-small,dam-eos,dam-tap,dam,dam-analyze,dam-analyze-full,dam-single,dam-citus",
 		"variants to run, in order (dam-base: dam built at -base; dam-pointer: dam with entity: /id; dam-small, dam-pointer-small: the same on ~190 B records; the dam variants run in both orders; dam-eos: dam with kafka.delivery: exactly-once; dam-tap: dam with one tap reader attached; dam-analyze: dam analyze reading and deciding the backlog, dam-analyze-full: with its changed paths and what-if runs; dam-citus: dam on a Citus cluster, dam-single: on one server set up as its nodes)")
 	flag.IntVar(&o.citusWorkers, "citus-workers", 2, "workers of dam-citus's Citus cluster")
 	flag.IntVar(&o.citusRecords, "citus-records", 0, "records in the backlog of dam-single and dam-citus (0: -records)")
