@@ -651,3 +651,73 @@ func TestCitusSlidingExtensionStillPreparedWaitsThenRecovers(t *testing.T) {
 		t.Fatalf("partition two after recovery: %v, %v; want duplicate", out, err)
 	}
 }
+
+// TestCitusResetStillPreparedIsNotReadAsState: on Citus, a reset whose
+// delete a worker still holds prepared (its COMMIT PREPARED lost, the
+// reset returned) is not decided on as the state before it: a record equal
+// to the identity's content before the reset is never dropped. Deciding it
+// ends as ErrUnavailable while the delete is prepared, and forwards once
+// the coordinator's recovery commits it.
+func TestCitusResetStillPreparedIsNotReadAsState(t *testing.T) {
+	cc := pgtest.NeedCitusCluster(t)
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	px := proxyWorker(t, cc, 0)
+	s, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, pxPort, _ := net.SplitHostPort(px.Addr())
+	var port int
+	fmt.Sscan(pxPort, &port)
+	x := entitiesOnNode(t, s.Pool(), port, 1)[0]                // on worker 0, behind the proxy
+	y := entitiesOnNode(t, s.Pool(), cc.Worker(1).Port(), 1)[0] // on worker 1
+	p1, e1 := partition(t, s, "one")
+
+	decide := func(start int64, recs ...dedup.Record) ([]dedup.Decision, error) {
+		b := &dedup.Batch{Service: "svc", Partition: p1, Epoch: e1, Start: start, End: start + int64(len(recs))}
+		for i, r := range recs {
+			r.Offset = start + int64(i)
+			b.Records = append(b.Records, r)
+		}
+		return s.Decide(ctx, b, nil)
+	}
+	if out, err := decide(0, dedup.Record{Entity: x, Digest: digest("A")}, dedup.Record{Entity: y, Digest: digest("Y")}); err != nil || out[0] != dedup.Forward {
+		t.Fatalf("seed: %v, %v", out, err)
+	}
+	px.LoseNextCommitPrepared()
+	if n, err := s.ResetService(ctx, "svc"); err != nil || n != 2 {
+		t.Fatalf("reset: %d, %v", n, err)
+	}
+	w, err := pgx.Connect(ctx, cc.Worker(0).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(ctx)
+	var prepared int
+	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil {
+		t.Fatal(err)
+	}
+	if prepared == 0 {
+		t.Skip("worker 0 holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove")
+	}
+	out, err := decide(2, dedup.Record{Entity: x, Digest: digest("A")})
+	switch {
+	case errors.Is(err, dedup.ErrUnavailable):
+		t.Logf("decide while the reset is prepared: %v", err)
+	case err != nil:
+		t.Fatal(err)
+	case out[0] != dedup.Forward:
+		t.Fatalf("decided A for x %v after the reset returned: decided on the row its worker still holds deleted, prepared; A is lost", out[0])
+	default:
+		return
+	}
+	if _, err := s.Pool().Exec(ctx, `SELECT recover_prepared_transactions()`); err != nil {
+		t.Fatal(err)
+	}
+	out, err = decide(2, dedup.Record{Entity: x, Digest: digest("A")})
+	if err != nil || out[0] != dedup.Forward {
+		t.Fatalf("decide after recovery: %v, %v; want forward", out, err)
+	}
+}
