@@ -721,3 +721,120 @@ func TestCitusResetStillPreparedIsNotReadAsState(t *testing.T) {
 		t.Fatalf("decide after recovery: %v, %v; want forward", out, err)
 	}
 }
+
+// TestCitusFirstRunReadsNoCommitStillPreparedAfterShardSplit: on Citus, a
+// decide's first run routed by a shard map that a split has made stale (a
+// group spanning two shards) does not decide on a row that a committed
+// decide's transaction still holds prepared on its worker. Such a group's
+// read is a multi-shard query, and Citus plans its in-doubt sublink (the
+// prepared transactions) as a subplan run on the coordinator, whose
+// prepared transactions are not the worker's: the row reads as before the
+// transaction, as in TestCitusFirstRunReadsNoCommitStillPrepared.
+func TestCitusFirstRunReadsNoCommitStillPreparedAfterShardSplit(t *testing.T) {
+	cc := pgtest.NeedCitusCluster(t)
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	writer, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close()
+	reader, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	port := cc.Worker(0).Port()
+	y := entitiesOnNode(t, writer.Pool(), cc.Worker(1).Port(), 1)[0] // on worker 1
+	p1, e1 := partition(t, writer, "one")
+	p2, e2 := partition(t, reader, "two")
+	decide := func(s *dedup.Store, p dedup.Partition, epoch, start int64, recs ...dedup.Record) ([]dedup.Decision, error) {
+		b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: start, End: start + int64(len(recs))}
+		for i, r := range recs {
+			r.Offset = start + int64(i)
+			b.Records = append(b.Records, r)
+		}
+		return s.Decide(ctx, b, nil)
+	}
+	// The reader keeps a shard map.
+	if _, err := decide(reader, p2, e2, 0, dedup.Record{Entity: y, Digest: digest("Y0")}); err != nil {
+		t.Fatal(err)
+	}
+	if dedup.ShardMapShards(reader) < 2 {
+		t.Fatal("the reader keeps no shard map")
+	}
+	// Split a shard of worker 0 at the middle of its range, both halves
+	// on worker 0; x and x2 were in it, one in each half now.
+	x0 := entitiesOnNode(t, writer.Pool(), port, 1)[0]
+	var shard int64
+	var lo, hi int32
+	if err := writer.Pool().QueryRow(ctx, `SELECT shardid, shardminvalue::int4, shardmaxvalue::int4 FROM pg_dist_shard
+		WHERE shardid = get_shard_id_for_distribution_column('state', $1::bytea)`, x0).Scan(&shard, &lo, &hi); err != nil {
+		t.Fatal(err)
+	}
+	mid := int32((int64(lo) + int64(hi)) / 2)
+	var x, x2 []byte
+	for i := 0; x == nil || x2 == nil; i++ {
+		if i > 100000 {
+			t.Fatal("no entities in both halves")
+		}
+		e := []byte(fmt.Sprint("s-", i))
+		var h int32
+		if err := writer.Pool().QueryRow(ctx, `SELECT worker_hash($1::bytea)`, e).Scan(&h); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case h >= lo && h <= mid && x == nil:
+			x = e
+		case h > mid && h <= hi && x2 == nil:
+			x2 = e
+		}
+	}
+	var node int32
+	if err := writer.Pool().QueryRow(ctx, `SELECT nodeid FROM pg_dist_node WHERE nodeport = $1`, port).Scan(&node); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.Pool().Exec(ctx, `SELECT citus_split_shard_by_split_points($1, ARRAY[$2::text], ARRAY[$3::int, $3::int], 'block_writes')`,
+		shard, fmt.Sprint(mid), node); err != nil {
+		t.Fatal(err)
+	}
+	// The coordinator reaches worker 0 through a proxy from now on.
+	px := proxyWorker(t, cc, 0)
+
+	// x holds A; partition one forwards B for x (and y on worker 1: two
+	// phases); worker 0 never receives its COMMIT PREPARED.
+	if out, err := decide(writer, p1, e1, 0, dedup.Record{Entity: x, Digest: digest("A")}); err != nil || out[0] != dedup.Forward {
+		t.Fatalf("seed: %v, %v", out, err)
+	}
+	px.LoseNextCommitPrepared()
+	out, err := decide(writer, p1, e1, 1, dedup.Record{Entity: x, Digest: digest("B")}, dedup.Record{Entity: y, Digest: digest("Y")})
+	if err != nil || out[0] != dedup.Forward {
+		t.Fatalf("partition one forwarding B: %v, %v", out, err)
+	}
+	w, err := pgx.Connect(ctx, cc.Worker(0).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(ctx)
+	var prepared int
+	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil {
+		t.Fatal(err)
+	}
+	if prepared == 0 {
+		t.Skip("worker 0 holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove")
+	}
+	defer writer.Pool().Exec(ctx, `SELECT recover_prepared_transactions()`)
+
+	// Partition two, by its stale map (x and x2 one group): A again for x.
+	out, err = decide(reader, p2, e2, 1, dedup.Record{Entity: x, Digest: digest("A")}, dedup.Record{Entity: x2, Digest: digest("Z")})
+	switch {
+	case errors.Is(err, dedup.ErrUnavailable):
+		t.Logf("partition two: %v (waited for the prepared transaction; retried by the caller)", err)
+	case err != nil:
+		t.Fatal(err)
+	case out[0] != dedup.Forward:
+		t.Fatalf("partition two decided A for x %v after partition one's committed forward of B: "+
+			"its group's read spans two shards, and the prepared transactions it checked were the coordinator's; A is lost "+
+			"(the reader's shard map, stale, dropped: %v)", out[0], dedup.ShardMapShards(reader) == 0)
+	}
+}
