@@ -479,3 +479,362 @@ func TestCitusFirstRunReadsNoCommitStillPrepared(t *testing.T) {
 			"decided on the row as before the transaction its worker still holds prepared; A is lost", out[0])
 	}
 }
+
+// TestCitusFirstRunReadsNoCommitStillPreparedUnderKeyShare: on Citus, a
+// decide's first run does not decide on a row whose last update is still
+// prepared on its worker when the row's xmax is a MultiXactId: a session
+// holding FOR KEY SHARE on the row (a foreign key's check, an operator's
+// SELECT ... FOR KEY SHARE) while a decide rewrites it makes the row's
+// xmax a MultiXactId of the locker and the updater, which no prepared
+// transaction's xid equals. The update is as stale to a plain read as in
+// TestCitusFirstRunReadsNoCommitStillPrepared.
+func TestCitusFirstRunReadsNoCommitStillPreparedUnderKeyShare(t *testing.T) {
+	cc := pgtest.NeedCitusCluster(t)
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	px := proxyWorker(t, cc, 0)
+	s, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, pxPort, _ := net.SplitHostPort(px.Addr())
+	var port int
+	fmt.Sscan(pxPort, &port)
+	x := entitiesOnNode(t, s.Pool(), port, 1)[0]                // on worker 0, behind the proxy
+	y := entitiesOnNode(t, s.Pool(), cc.Worker(1).Port(), 1)[0] // on worker 1
+	p1, e1 := partition(t, s, "one")
+	p2, e2 := partition(t, s, "two")
+
+	decide := func(p dedup.Partition, epoch, start int64, recs ...dedup.Record) ([]dedup.Decision, error) {
+		b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: start, End: start + int64(len(recs))}
+		for i, r := range recs {
+			r.Offset = start + int64(i)
+			b.Records = append(b.Records, r)
+		}
+		return s.Decide(ctx, b, nil)
+	}
+	if out, err := decide(p1, e1, 0, dedup.Record{Entity: x, Digest: digest("A")}); err != nil || out[0] != dedup.Forward {
+		t.Fatalf("seed: %v, %v", out, err)
+	}
+	// Another session holds FOR KEY SHARE on x's row (it does not block
+	// an update that keeps the key).
+	locker, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM state WHERE service = 'svc' AND entity = $1::bytea FOR KEY SHARE`, x); err != nil {
+		t.Fatal(err)
+	}
+	px.LoseNextCommitPrepared()
+	out, err := decide(p1, e1, 1, dedup.Record{Entity: x, Digest: digest("B")}, dedup.Record{Entity: y, Digest: digest("Y")})
+	if err != nil || out[0] != dedup.Forward {
+		t.Fatalf("partition one forwarding B: %v, %v", out, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w, err := pgx.Connect(ctx, cc.Worker(0).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(ctx)
+	var prepared int
+	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil {
+		t.Fatal(err)
+	}
+	if prepared == 0 {
+		t.Skip("worker 0 holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove")
+	}
+	t.Logf("partition one's decide returned %v; worker 0 holds %d transaction(s) prepared", out, prepared)
+	defer s.Pool().Exec(ctx, `SELECT recover_prepared_transactions()`)
+
+	out, err = decide(p2, e2, 0, dedup.Record{Entity: x, Digest: digest("A")})
+	switch {
+	case errors.Is(err, dedup.ErrUnavailable):
+		t.Logf("partition two: %v (waited for the prepared transaction; retried by the caller)", err)
+	case err != nil:
+		t.Fatal(err)
+	case out[0] != dedup.Forward:
+		t.Fatalf("partition two decided A for x %v after partition one's committed forward of B: "+
+			"decided on the row as before the transaction its worker still holds prepared (xmax a MultiXactId); A is lost", out[0])
+	}
+}
+
+// TestCitusSlidingExtensionStillPreparedWaitsThenRecovers: on Citus, a
+// sliding window's extension that a worker still holds prepared (its
+// COMMIT PREPARED lost, the decide returned committed) is not read as the
+// window before it: a repeat after the old expiry but within the extended
+// window is never forwarded. Deciding it ends as ErrUnavailable while the
+// transaction is prepared (a bounded wait, not a hang), and once the
+// coordinator's recovery commits it the same batch, retried, decides the
+// repeat a duplicate.
+func TestCitusSlidingExtensionStillPreparedWaitsThenRecovers(t *testing.T) {
+	cc := pgtest.NeedCitusCluster(t)
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	px := proxyWorker(t, cc, 0)
+	s, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, pxPort, _ := net.SplitHostPort(px.Addr())
+	var port int
+	fmt.Sscan(pxPort, &port)
+	x := entitiesOnNode(t, s.Pool(), port, 1)[0]                // on worker 0, behind the proxy
+	y := entitiesOnNode(t, s.Pool(), cc.Worker(1).Port(), 1)[0] // on worker 1
+	p1, e1 := partition(t, s, "one")
+	p2, e2 := partition(t, s, "two")
+	rule := dedup.Rule{Mode: dedup.Window, Window: time.Hour, Sliding: true}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+	decide := func(p dedup.Partition, epoch, start int64, now time.Time, recs ...dedup.Record) ([]dedup.Decision, error) {
+		b := &dedup.Batch{Service: "svc", Rule: rule, Now: now, Partition: p, Epoch: epoch, Start: start, End: start + int64(len(recs))}
+		for i, r := range recs {
+			r.Offset = start + int64(i)
+			b.Records = append(b.Records, r)
+		}
+		return s.Decide(ctx, b, nil)
+	}
+	if out, err := decide(p1, e1, 0, t0, dedup.Record{Entity: x, Digest: digest("A")}); err != nil || out[0] != dedup.Forward {
+		t.Fatalf("seed: %v, %v", out, err)
+	}
+	// At 50m a repeat of x extends its window to 1h50m (with a new y on
+	// the other worker: two-phase); worker 0 never receives its COMMIT
+	// PREPARED.
+	px.LoseNextCommitPrepared()
+	out, err := decide(p1, e1, 1, t0.Add(50*time.Minute), dedup.Record{Entity: x, Digest: digest("A")}, dedup.Record{Entity: y, Digest: digest("Y")})
+	if err != nil || out[0] != dedup.Duplicate || out[1] != dedup.Forward {
+		t.Fatalf("partition one extending x: %v, %v", out, err)
+	}
+	w, err := pgx.Connect(ctx, cc.Worker(0).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(ctx)
+	var prepared int
+	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil {
+		t.Fatal(err)
+	}
+	if prepared == 0 {
+		t.Skip("worker 0 holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove")
+	}
+	// At 1h10m x repeats on partition two: within the extended window.
+	at := t0.Add(70 * time.Minute)
+	out, err = decide(p2, e2, 0, at, dedup.Record{Entity: x, Digest: digest("A")})
+	switch {
+	case errors.Is(err, dedup.ErrUnavailable):
+		t.Logf("partition two while prepared: %v", err)
+	case err != nil:
+		t.Fatal(err)
+	case out[0] != dedup.Duplicate:
+		t.Fatalf("partition two decided x %v at 1h10m, within the window partition one extended to 1h50m: "+
+			"decided on the window as before the extension its worker still holds prepared", out[0])
+	default:
+		return
+	}
+	if _, err := s.Pool().Exec(ctx, `SELECT recover_prepared_transactions()`); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil || prepared != 0 {
+		t.Fatalf("after recovery worker 0 holds %d prepared transaction(s) (%v)", prepared, err)
+	}
+	out, err = decide(p2, e2, 0, at, dedup.Record{Entity: x, Digest: digest("A")})
+	if err != nil || out[0] != dedup.Duplicate {
+		t.Fatalf("partition two after recovery: %v, %v; want duplicate", out, err)
+	}
+}
+
+// TestCitusResetStillPreparedIsNotReadAsState: on Citus, a reset whose
+// delete a worker still holds prepared (its COMMIT PREPARED lost, the
+// reset returned) is not decided on as the state before it: a record equal
+// to the identity's content before the reset is never dropped. Deciding it
+// ends as ErrUnavailable while the delete is prepared, and forwards once
+// the coordinator's recovery commits it.
+func TestCitusResetStillPreparedIsNotReadAsState(t *testing.T) {
+	cc := pgtest.NeedCitusCluster(t)
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	px := proxyWorker(t, cc, 0)
+	s, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, pxPort, _ := net.SplitHostPort(px.Addr())
+	var port int
+	fmt.Sscan(pxPort, &port)
+	x := entitiesOnNode(t, s.Pool(), port, 1)[0]                // on worker 0, behind the proxy
+	y := entitiesOnNode(t, s.Pool(), cc.Worker(1).Port(), 1)[0] // on worker 1
+	p1, e1 := partition(t, s, "one")
+
+	decide := func(start int64, recs ...dedup.Record) ([]dedup.Decision, error) {
+		b := &dedup.Batch{Service: "svc", Partition: p1, Epoch: e1, Start: start, End: start + int64(len(recs))}
+		for i, r := range recs {
+			r.Offset = start + int64(i)
+			b.Records = append(b.Records, r)
+		}
+		return s.Decide(ctx, b, nil)
+	}
+	if out, err := decide(0, dedup.Record{Entity: x, Digest: digest("A")}, dedup.Record{Entity: y, Digest: digest("Y")}); err != nil || out[0] != dedup.Forward {
+		t.Fatalf("seed: %v, %v", out, err)
+	}
+	px.LoseNextCommitPrepared()
+	if n, err := s.ResetService(ctx, "svc"); err != nil || n != 2 {
+		t.Fatalf("reset: %d, %v", n, err)
+	}
+	w, err := pgx.Connect(ctx, cc.Worker(0).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(ctx)
+	var prepared int
+	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil {
+		t.Fatal(err)
+	}
+	if prepared == 0 {
+		t.Skip("worker 0 holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove")
+	}
+	out, err := decide(2, dedup.Record{Entity: x, Digest: digest("A")})
+	switch {
+	case errors.Is(err, dedup.ErrUnavailable):
+		t.Logf("decide while the reset is prepared: %v", err)
+	case err != nil:
+		t.Fatal(err)
+	case out[0] != dedup.Forward:
+		t.Fatalf("decided A for x %v after the reset returned: decided on the row its worker still holds deleted, prepared; A is lost", out[0])
+	default:
+		return
+	}
+	if _, err := s.Pool().Exec(ctx, `SELECT recover_prepared_transactions()`); err != nil {
+		t.Fatal(err)
+	}
+	out, err = decide(2, dedup.Record{Entity: x, Digest: digest("A")})
+	if err != nil || out[0] != dedup.Forward {
+		t.Fatalf("decide after recovery: %v, %v; want forward", out, err)
+	}
+}
+
+// TestCitusFirstRunReadsNoCommitStillPreparedAfterShardSplit: on Citus, a
+// decide's first run routed by a shard map that a split has made stale (a
+// group spanning two shards) does not decide on a row that a committed
+// decide's transaction still holds prepared on its worker. Such a group's
+// read is a multi-shard query, and Citus plans its in-doubt sublink (the
+// prepared transactions) as a subplan run on the coordinator, whose
+// prepared transactions are not the worker's: the row reads as before the
+// transaction, as in TestCitusFirstRunReadsNoCommitStillPrepared.
+func TestCitusFirstRunReadsNoCommitStillPreparedAfterShardSplit(t *testing.T) {
+	cc := pgtest.NeedCitusCluster(t)
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	writer, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close()
+	reader, err := dedup.Open(ctx, dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	port := cc.Worker(0).Port()
+	y := entitiesOnNode(t, writer.Pool(), cc.Worker(1).Port(), 1)[0] // on worker 1
+	p1, e1 := partition(t, writer, "one")
+	p2, e2 := partition(t, reader, "two")
+	decide := func(s *dedup.Store, p dedup.Partition, epoch, start int64, recs ...dedup.Record) ([]dedup.Decision, error) {
+		b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: start, End: start + int64(len(recs))}
+		for i, r := range recs {
+			r.Offset = start + int64(i)
+			b.Records = append(b.Records, r)
+		}
+		return s.Decide(ctx, b, nil)
+	}
+	// The reader keeps a shard map.
+	if _, err := decide(reader, p2, e2, 0, dedup.Record{Entity: y, Digest: digest("Y0")}); err != nil {
+		t.Fatal(err)
+	}
+	if dedup.ShardMapShards(reader) < 2 {
+		t.Fatal("the reader keeps no shard map")
+	}
+	// Split a shard of worker 0 at the middle of its range, both halves
+	// on worker 0; x and x2 were in it, one in each half now.
+	x0 := entitiesOnNode(t, writer.Pool(), port, 1)[0]
+	var shard int64
+	var lo, hi int32
+	if err := writer.Pool().QueryRow(ctx, `SELECT shardid, shardminvalue::int4, shardmaxvalue::int4 FROM pg_dist_shard
+		WHERE shardid = get_shard_id_for_distribution_column('state', $1::bytea)`, x0).Scan(&shard, &lo, &hi); err != nil {
+		t.Fatal(err)
+	}
+	mid := int32((int64(lo) + int64(hi)) / 2)
+	var x, x2 []byte
+	for i := 0; x == nil || x2 == nil; i++ {
+		if i > 100000 {
+			t.Fatal("no entities in both halves")
+		}
+		e := []byte(fmt.Sprint("s-", i))
+		var h int32
+		if err := writer.Pool().QueryRow(ctx, `SELECT worker_hash($1::bytea)`, e).Scan(&h); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case h >= lo && h <= mid && x == nil:
+			x = e
+		case h > mid && h <= hi && x2 == nil:
+			x2 = e
+		}
+	}
+	var node int32
+	if err := writer.Pool().QueryRow(ctx, `SELECT nodeid FROM pg_dist_node WHERE nodeport = $1`, port).Scan(&node); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.Pool().Exec(ctx, `SELECT citus_split_shard_by_split_points($1, ARRAY[$2::text], ARRAY[$3::int, $3::int], 'block_writes')`,
+		shard, fmt.Sprint(mid), node); err != nil {
+		t.Fatal(err)
+	}
+	// The coordinator reaches worker 0 through a proxy from now on.
+	px := proxyWorker(t, cc, 0)
+
+	// x holds A; partition one forwards B for x (and y on worker 1: two
+	// phases); worker 0 never receives its COMMIT PREPARED.
+	if out, err := decide(writer, p1, e1, 0, dedup.Record{Entity: x, Digest: digest("A")}); err != nil || out[0] != dedup.Forward {
+		t.Fatalf("seed: %v, %v", out, err)
+	}
+	px.LoseNextCommitPrepared()
+	out, err := decide(writer, p1, e1, 1, dedup.Record{Entity: x, Digest: digest("B")}, dedup.Record{Entity: y, Digest: digest("Y")})
+	if err != nil || out[0] != dedup.Forward {
+		t.Fatalf("partition one forwarding B: %v, %v", out, err)
+	}
+	w, err := pgx.Connect(ctx, cc.Worker(0).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(ctx)
+	var prepared int
+	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil {
+		t.Fatal(err)
+	}
+	if prepared == 0 {
+		t.Skip("worker 0 holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove")
+	}
+	defer writer.Pool().Exec(ctx, `SELECT recover_prepared_transactions()`)
+
+	// Partition two, by its stale map (x and x2 one group): A again for x.
+	out, err = decide(reader, p2, e2, 1, dedup.Record{Entity: x, Digest: digest("A")}, dedup.Record{Entity: x2, Digest: digest("Z")})
+	switch {
+	case errors.Is(err, dedup.ErrUnavailable):
+		t.Logf("partition two: %v (waited for the prepared transaction; retried by the caller)", err)
+	case err != nil:
+		t.Fatal(err)
+	case out[0] != dedup.Forward:
+		t.Fatalf("partition two decided A for x %v after partition one's committed forward of B: "+
+			"its group's read spans two shards, and the prepared transactions it checked were the coordinator's; A is lost "+
+			"(the reader's shard map, stale, dropped: %v)", out[0], dedup.ShardMapShards(reader) == 0)
+	}
+}
