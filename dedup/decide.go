@@ -204,11 +204,15 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	}
 	err = conn.SendBatch(ctx, rt1).Close()
 	if routing != nil && err == nil && shards != len(routing.mins) {
-		// A shard split since the map was read. Citus routes each
-		// statement by the values it carries, so this batch is right (a
-		// group spanning two shards runs on both); the next decide reads
-		// the map again. A claim learns it from Citus refusing its read.
+		// A shard split since the map was read (a claim learns it from
+		// Citus refusing its locking read). A group that spans two shards
+		// was read by a multi-shard statement, which Citus plans in
+		// steps: its check of rows prepared on their worker (sqlInDoubt)
+		// ran on the coordinator. Nothing changed: run again, by the
+		// map read again.
 		s.forgetShards()
+		s.rollback(ctx, conn.Conn())
+		return out, true, fmt.Errorf("%w: %d shards, %d in the map", errStaleShards, shards, len(routing.mins))
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		s.rollback(ctx, conn.Conn())

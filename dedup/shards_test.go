@@ -226,9 +226,9 @@ func TestRoutedDecideMatchesUnrouted(t *testing.T) {
 
 // TestRoutedDecideAfterShardSplit: on Citus, a decide routed by a shard map
 // that a shard split has made stale (a group now spanning two shards)
-// still decides every record as it should: Citus runs each of the group's
-// statements on both shards, the read counts the shards and drops the
-// map, and the next decide reads the new map and routes by it.
+// still decides every record as it should: the read counts the shards,
+// drops the map and has the batch run again unrouted, and the next decide
+// reads the new map and routes by it.
 func TestRoutedDecideAfterShardSplit(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
@@ -279,8 +279,8 @@ func TestRoutedDecideAfterShardSplit(t *testing.T) {
 			t.Fatalf("record %d (%s): %v, want %v", i, recs[i].entity, got[i], want[i])
 		}
 	}
-	// The batch found the map stale (its read counted the shards) and
-	// dropped it; the next decide reads the new one.
+	// The batch found the map stale (its read counted the shards), dropped
+	// it and ran again unrouted; the next decide reads the new one.
 	if n := dedup.ShardMapShards(s); n != 0 {
 		t.Fatalf("%d shards in the map after the split, want none kept", n)
 	}
