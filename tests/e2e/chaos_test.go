@@ -1026,9 +1026,11 @@ func chaosPoison(c *chaosRun) {
 		}
 	}
 	close(stop)
-	if got := <-seen; got[0] || got[1] {
+	// A /readyz 503 for the instance (a health probe timing out on a
+	// starved machine says Kafka or PostgreSQL unreachable) is no halt.
+	if got := <-seen; got[0] || got[2] {
 		_, body := s.readyBody()
-		c.t.Fatalf("poison records halted dam (dam_halted > 0 seen: %v, /readyz 503 seen: %v): /readyz %.300q", got[0], got[1], body)
+		c.t.Fatalf("poison records halted dam (dam_halted > 0 seen: %v, /readyz 503 for a partition seen: %v): /readyz %.300q", got[0], got[2], body)
 	}
 	keys := defaultCheck
 	keys.poison = func(r *kgo.Record) (string, bool) {

@@ -198,21 +198,27 @@ func (s *sidecar) exited() (bool, error) {
 }
 
 // watchHalted polls the sidecar until stop is closed and reports whether
-// it was seen halted (dam_halted > 0) or not ready (/readyz 503).
-func watchHalted(s *sidecar, stop <-chan struct{}) <-chan [2]bool {
-	res := make(chan [2]bool, 1)
+// it was seen halted (dam_halted > 0), not ready (/readyz 503), and not
+// ready for a partition's reason: not for one of the whole instance's
+// (Kafka or PostgreSQL unreachable, the group not joined, shutting down),
+// which a health probe timing out on a starved machine reports too.
+func watchHalted(s *sidecar, stop <-chan struct{}) <-chan [3]bool {
+	res := make(chan [3]bool, 1)
 	go func() {
-		var halted, notReady bool
+		var halted, notReady, partition bool
 		for {
 			if h, err := s.halted(); err == nil && h > 0 {
 				halted = true
 			}
-			if s.ready() == http.StatusServiceUnavailable {
+			if code, body := s.readyBody(); code == http.StatusServiceUnavailable {
 				notReady = true
+				if !instanceReason(body) {
+					partition = true
+				}
 			}
 			select {
 			case <-stop:
-				res <- [2]bool{halted, notReady}
+				res <- [3]bool{halted, notReady, partition}
 				return
 			case <-time.After(200 * time.Millisecond):
 			}
@@ -490,6 +496,17 @@ func (f *commitFloors) result() (checked int, below []string) {
 }
 
 // readyBody returns /readyz's status code and body (0 when unreachable).
+// instanceReason reports a /readyz answer giving a reason of the whole
+// instance, not of one of its partitions (pipeline's NotReadyError).
+func instanceReason(body string) bool {
+	for _, r := range []string{"kafka unreachable", "kafka refuses dam", "postgres unreachable", "consumer group not joined yet", "shutting down"} {
+		if strings.Contains(body, ": "+r+" (") {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *sidecar) readyBody() (int, string) {
 	resp, err := httpClient.Get("http://" + s.httpAddr + "/readyz")
 	if err != nil {
