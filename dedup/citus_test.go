@@ -404,6 +404,29 @@ func TestCitusRewriteWritesOnlyItsIdentity(t *testing.T) {
 	}
 }
 
+// lostCommitRig is the rig of the tests of a COMMIT PREPARED lost on a
+// worker: the Citus cluster, worker 0 behind a proxy (px, whose
+// LoseNextCommitPrepared drops it), a store closed at cleanup, and an
+// identity on each worker: x on worker 0, y on worker 1 (a decide of both
+// commits in two phases).
+func lostCommitRig(t *testing.T) (*pgcitus.Cluster, *tcpproxy.Proxy, *dedup.Store, []byte, []byte) {
+	t.Helper()
+	cc := pgtest.NeedCitusCluster(t)
+	dsn := pgtest.DSN(t) // its schema made before the proxy stands in for worker 0
+	px := proxyWorker(t, cc, 0)
+	s, err := dedup.Open(context.Background(), dsn, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	_, pxPort, _ := net.SplitHostPort(px.Addr())
+	var port int
+	fmt.Sscan(pxPort, &port)
+	x := entitiesOnNode(t, s.Pool(), port, 1)[0]
+	y := entitiesOnNode(t, s.Pool(), cc.Worker(1).Port(), 1)[0]
+	return cc, px, s, x, y
+}
+
 // TestCitusFirstRunReadsNoCommitStillPrepared: on Citus, a decide's first
 // run does not decide on a row that a committed decide's transaction still
 // holds prepared on its worker. A two-phase commit is decided by the
@@ -417,20 +440,8 @@ func TestCitusRewriteWritesOnlyItsIdentity(t *testing.T) {
 // transaction (and may give up with ErrUnavailable, which the caller
 // retries), as a claim's lock does.
 func TestCitusFirstRunReadsNoCommitStillPrepared(t *testing.T) {
-	cc := pgtest.NeedCitusCluster(t)
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	px := proxyWorker(t, cc, 0)
-	s, err := dedup.Open(ctx, dsn, dedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	_, pxPort, _ := net.SplitHostPort(px.Addr())
-	var port int
-	fmt.Sscan(pxPort, &port)
-	x := entitiesOnNode(t, s.Pool(), port, 1)[0]                // on worker 0, behind the proxy
-	y := entitiesOnNode(t, s.Pool(), cc.Worker(1).Port(), 1)[0] // on worker 1
+	cc, px, s, x, y := lostCommitRig(t)
 	p1, e1 := partition(t, s, "one")
 	p2, e2 := partition(t, s, "two")
 
@@ -489,20 +500,8 @@ func TestCitusFirstRunReadsNoCommitStillPrepared(t *testing.T) {
 // coordinator's recovery commits it the same batch, retried, decides the
 // repeat a duplicate.
 func TestCitusSlidingExtensionStillPreparedWaitsThenRecovers(t *testing.T) {
-	cc := pgtest.NeedCitusCluster(t)
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	px := proxyWorker(t, cc, 0)
-	s, err := dedup.Open(ctx, dsn, dedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	_, pxPort, _ := net.SplitHostPort(px.Addr())
-	var port int
-	fmt.Sscan(pxPort, &port)
-	x := entitiesOnNode(t, s.Pool(), port, 1)[0]                // on worker 0, behind the proxy
-	y := entitiesOnNode(t, s.Pool(), cc.Worker(1).Port(), 1)[0] // on worker 1
+	cc, px, s, x, y := lostCommitRig(t)
 	p1, e1 := partition(t, s, "one")
 	p2, e2 := partition(t, s, "two")
 	rule := dedup.Rule{Mode: dedup.Window, Window: time.Hour, Sliding: true}
@@ -572,20 +571,8 @@ func TestCitusSlidingExtensionStillPreparedWaitsThenRecovers(t *testing.T) {
 // ends as ErrUnavailable while the delete is prepared, and forwards once
 // the coordinator's recovery commits it.
 func TestCitusResetStillPreparedIsNotReadAsState(t *testing.T) {
-	cc := pgtest.NeedCitusCluster(t)
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	px := proxyWorker(t, cc, 0)
-	s, err := dedup.Open(ctx, dsn, dedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	_, pxPort, _ := net.SplitHostPort(px.Addr())
-	var port int
-	fmt.Sscan(pxPort, &port)
-	x := entitiesOnNode(t, s.Pool(), port, 1)[0]                // on worker 0, behind the proxy
-	y := entitiesOnNode(t, s.Pool(), cc.Worker(1).Port(), 1)[0] // on worker 1
+	cc, px, s, x, y := lostCommitRig(t)
 	p1, e1 := partition(t, s, "one")
 
 	decide := func(start int64, recs ...dedup.Record) ([]dedup.Decision, error) {
