@@ -20,8 +20,9 @@
 //   - dam-eos: dam (entity: key) with kafka.delivery: exactly-once, its
 //     rate compared with dam's over all dam's runs;
 //   - dam-analyze: `dam analyze` on the same backlog with the route of dam,
-//     reading and deciding only (no changed paths, no what-if runs), its
-//     rate compared with dam's over all dam's runs: it decides in memory,
+//     reading and deciding only (no changed paths, no what-if runs), run
+//     beside each of dam's runs and its rate over all its runs compared
+//     with dam's over all dam's: it decides in memory,
 //     with no PostgreSQL and no writes; dam-analyze-full: with the
 //     command's defaults (changed paths, and what-if runs that read the
 //     backlog again), shown beside it;
@@ -125,7 +126,7 @@ func main() {
 	flag.DurationVar(&o.steady, "steady", 5*time.Second, "duration of the steady phase")
 	flag.Float64Var(&o.dupRate, "dup-rate", 0.30, "share of records repeating their entity's content")
 	flag.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $"+envDSN+", else "+defaultDSN+", else a throwaway local cluster)")
-	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-tap,dam-pointer,dam-eos,dam-pointer,dam-tap,dam,dam-base,dam-small,dam-pointer-small,dam-pointer-small,dam-small,dam-eos,dam-tap,dam,dam-analyze,dam-analyze-full,dam-single,dam-citus",
+	flag.StringVar(&o.variants, "variants", "passthrough,naive,dam-base,dam,dam-analyze,dam-tap,dam-pointer,dam-eos,dam-pointer,dam-tap,dam,dam-analyze,dam-base,dam-small,dam-pointer-small,dam-pointer-small,dam-small,dam-eos,dam-tap,dam,dam-analyze,dam-analyze-full,dam-single,dam-citus",
 		"variants to run, in order (dam-base: dam built at -base; dam-pointer: dam with entity: /id; dam-small, dam-pointer-small: the same on ~190 B records; the dam variants run in both orders; dam-eos: dam with kafka.delivery: exactly-once; dam-tap: dam with one tap reader attached; dam-analyze: dam analyze reading and deciding the backlog, dam-analyze-full: with its changed paths and what-if runs; dam-citus: dam on a Citus cluster, dam-single: on one server set up as its nodes)")
 	flag.IntVar(&o.citusWorkers, "citus-workers", 2, "workers of dam-citus's Citus cluster")
 	flag.IntVar(&o.citusRecords, "citus-records", 0, "records in the backlog of dam-single and dam-citus (0: -records)")
@@ -979,9 +980,11 @@ func printTable(w io.Writer, o options, rs []result) {
 		}
 		fmt.Fprintf(w, "  exactly-once >= 0.9x at-least-once %5.2fx  %s  (its worst run, vs dam over all its runs; p99 steady %s)\n", x, verdict(x >= 0.9), ms(p99))
 	}
-	if a, ok := byName[variantAnalyze]; ok {
+	if a, ok := total[variantAnalyze]; ok {
+		// Over all its runs, each beside one of dam's: a single run
+		// measured the machine's moment as much as the command.
 		x := a.rate() / total["dam"].rate()
-		fmt.Fprintf(w, "  analyze >= 3x dam run  %7.2fx  %s  (dam analyze reading and deciding the same backlog in memory, vs dam over all its runs)\n", x, verdict(x >= 3))
+		fmt.Fprintf(w, "  analyze >= 3x dam run  %7.2fx  %s  (dam analyze reading and deciding the same backlog in memory, vs dam, same data, over all their runs)\n", x, verdict(x >= 3))
 	}
 	if a, ok := byName[variantAnalyzeFull]; ok {
 		fmt.Fprintf(w, "  dam analyze with its changed paths and what-if runs (the defaults): %.2fx dam run\n", a.rate()/total["dam"].rate())
