@@ -30,7 +30,14 @@
 // request then offers -conn-rate times the highest rate held (past what
 // that client can be served at, each request paying a connection): each
 // request must be answered 200 or 503 with Retry-After, none reset or
-// closed unanswered.
+// closed unanswered. That client holds at most twice -conns connections
+// at once, past the service's bound, as a pool of workers would: unbounded
+// on the same 2 CPUs as the service, its thousands of goroutines wrote
+// their requests hundreds of milliseconds after their connections opened,
+// and the service, holding thousands of connections silent that long,
+// closed the oldest as an attacker's (their 503 came before the request,
+// which Go's client reads as no answer). A client on its own machine
+// writes its request as it connects.
 //
 // The payloads are ~500 B JSON projections over -entities identities with
 // -dup-rate repeats of the entity's previous content, so that both answers
@@ -246,7 +253,7 @@ func pastCapacity(o options, srv *server, w *workload, best int, kept *http.Clie
 	}
 	phases := []*phase{
 		{name: "keep-alive", client: kept, rate: int(o.overload * float64(best))},
-		{name: "conn per request", client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, rate: int(o.connRate * float64(best))},
+		{name: "conn per request", client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true, MaxConnsPerHost: 2 * o.conns}}, rate: int(o.connRate * float64(best))},
 	}
 	fmt.Printf("\npast capacity: %.1fx the highest rate held (%d/s) from the client above, %.1fx from one opening a connection per request, %s each\n",
 		o.overload, best, o.connRate, o.step)
