@@ -34,6 +34,15 @@ const (
 	// measured and rejected: a generic plan made while the table was still
 	// empty read every row of the service for each batch.)
 	sqlPlans = `SELECT set_config('enable_seqscan', 'off', true)`
+	// On Citus, the workers plan the statements a decide sends them, with
+	// their own settings: a setting of the coordinator's reaches them only
+	// as a SET LOCAL with citus.propagate_set_commands 'local' (a
+	// set_config does not). Without it, each shard group's read, a few
+	// hundred keys, was a sequential scan of its shard (25,000 rows in the
+	// benchmark, every row of the shard in production), and each rewrite
+	// a hash join over one.
+	sqlPropagateSets = `SET LOCAL citus.propagate_set_commands = 'local'`
+	sqlPlansWorkers  = `SET LOCAL enable_seqscan = off`
 
 	sqlLockProgress = `SELECT epoch, next_offset FROM progress
 		WHERE grp = $1 AND topic = $2 AND part = $3 FOR UPDATE`
@@ -187,8 +196,10 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 	var next *int64
 	var now time.Time
 	rt1 := &pgx.Batch{}
-	rt1.Queue(sqlBegin)
-	rt1.Queue(sqlPlans)
+	if err := s.begin(ctx, conn.Conn(), rt1); err != nil {
+		s.rollback(ctx, conn.Conn())
+		return out, false, s.classify("decide", err)
+	}
 	rt1.Queue(pick(ids.groups != nil, sqlLockProgressWrite, sqlLockProgress), p.Group, p.Topic, p.Partition).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&epoch, &next)
 	})
@@ -340,6 +351,31 @@ func (s *Store) decideOnce(ctx context.Context, b *Batch, entities [][]byte, ind
 		return out[:0], false, fmt.Errorf("dedup: decide: progress of %s/%d not advanced", p.Topic, p.Partition)
 	}
 	return out, false, nil
+}
+
+// begin queues into rt1 the start of a decide's transaction, with its
+// planner settings (sqlPlans). On Citus they go to the workers too, as
+// SET LOCAL statements that Citus sends each worker's transaction as the
+// text of the query that set them: in the simple protocol, a batch is
+// one query of every statement it holds, so there the statements setting
+// them run first, each its own query (two round trips more).
+func (s *Store) begin(ctx context.Context, conn *pgx.Conn, rt1 *pgx.Batch) error {
+	switch {
+	case s.engine.Load() != engineDistributed:
+		rt1.Queue(sqlBegin)
+		rt1.Queue(sqlPlans)
+	case conn.Config().DefaultQueryExecMode != pgx.QueryExecModeSimpleProtocol:
+		rt1.Queue(sqlBegin)
+		rt1.Queue(sqlPropagateSets)
+		rt1.Queue(sqlPlansWorkers)
+	default:
+		for _, q := range []string{sqlBegin, sqlPropagateSets + "; " + sqlPlansWorkers} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // logCause is c as the decision log keeps it: text (valid UTF-8, no NUL)

@@ -231,6 +231,15 @@ func explain(ctx context.Context, conn *pgx.Conn, prefix string, st *Statement) 
 		return "", err
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
+	if strings.HasPrefix(st.Op, "decide") {
+		// Planned as the decide runs it: with its planner settings, on
+		// the coordinator and the workers.
+		for _, set := range decideSettings {
+			if _, err := tx.Exec(ctx, set); err != nil {
+				return "", err
+			}
+		}
+	}
 	args := append([]any{pgx.QueryExecModeSimpleProtocol}, st.args...)
 	rows, err := tx.Query(ctx, prefix+st.SQL, args...)
 	if err != nil {
@@ -241,6 +250,13 @@ func explain(ctx context.Context, conn *pgx.Conn, prefix string, st *Statement) 
 		return "", err
 	}
 	return strings.Join(lines, "\n"), nil
+}
+
+// decideSettings are the settings a decide on Citus sets in its
+// transaction (dedup's planner settings, sent on to the workers).
+var decideSettings = []string{
+	`SET LOCAL citus.propagate_set_commands = 'local'`,
+	`SET LOCAL enable_seqscan = off`,
 }
 
 // plannable: EXPLAIN accepts the statement.
@@ -345,6 +361,8 @@ var names = []struct{ has, name string }{
 	{"FOR SHARE", "settled progress"},
 	{"ON CONFLICT (service, entity) DO UPDATE SET digest = EXCLUDED.digest, updated_at = GREATEST(s.updated_at, EXCLUDED.updated_at), src_topic = NULL", "compare-and-set"},
 	{"set_config('enable_seqscan'", "planner settings"},
+	{"citus.propagate_set_commands", "planner settings (sent to the workers)"},
+	{"SET LOCAL enable_seqscan", "planner settings"},
 	{"clock_timestamp()", "clock"},
 	{"INSERT INTO decision_log", "decision log"},
 	{"UPDATE progress SET next_offset = $4", "advance P"},

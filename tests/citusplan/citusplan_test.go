@@ -16,7 +16,9 @@ import (
 // partition's statements and the per-identity ones are router statements;
 // a batch's identities are given placeholders, read and locked, and
 // written by router statements, per shard group; a decide writing both
-// workers commits in two phases.
+// workers commits in two phases; the workers plan a decide's statements
+// with its planner settings, and read and write a mode's shards by key or
+// row version, never by a sequential scan.
 // With -v it prints the table and every plan (docs/performance.md, On
 // Citus).
 func TestPlans(t *testing.T) {
@@ -71,6 +73,27 @@ func TestPlans(t *testing.T) {
 	}
 	if prepared < 2 {
 		t.Errorf("a decide writing both workers sent %d PREPARE TRANSACTION: committed in one phase on some", prepared)
+	}
+	// Each worker's transaction starts with the decide's planner
+	// settings: a worker plans with its own, and a batch's read of a
+	// shard group was a sequential scan of the shard.
+	begins := 0
+	for _, c := range remote {
+		if !strings.HasPrefix(c, "BEGIN") {
+			continue
+		}
+		begins++
+		if !strings.Contains(c, "SET LOCAL enable_seqscan = off") {
+			t.Errorf("a decide's transaction on a worker begins without its planner settings: %s", c)
+		}
+	}
+	if begins < 2 {
+		t.Errorf("a decide writing both workers began %d transactions on them, want one on each", begins)
+	}
+	for _, st := range sts {
+		if strings.HasPrefix(st.Op, "decide") && strings.Contains(st.Plan, "Seq Scan on") {
+			t.Errorf("%s: %s: a sequential scan on a worker\n%s", st.Op, st.Name, abbreviate(st.Plan))
+		}
 	}
 
 	want := map[[2]string]string{
