@@ -8,7 +8,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
 	"github.com/dam-dedup/dam/dedup"
@@ -309,24 +308,10 @@ func (w *worker) checkOwner() error {
 	return fmt.Errorf("checking that the partition is still ours: %w", err)
 }
 
-// commit commits the partition's offset synchronously.
+// commit commits the partition's offset and returns once it is answered
+// (coalesced with the other partitions' commits: committer).
 func (w *worker) commit(offset int64, epoch int32) error {
-	var cerr error
-	w.d.client.CommitOffsetsSync(w.ctx, map[string]map[int32]kgo.EpochOffset{
-		w.part.Topic: {w.part.Partition: {Epoch: epoch, Offset: offset}},
-	}, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		if err != nil {
-			cerr = err
-			return
-		}
-		for _, t := range resp.Topics {
-			for _, pr := range t.Partitions {
-				if e := kerr.ErrorForCode(pr.ErrorCode); e != nil {
-					cerr = fmt.Errorf("commit %s/%d at %d: %w", t.Topic, pr.Partition, offset, e)
-				}
-			}
-		}
-	})
+	cerr := w.d.commits.commit(w.ctx, w.part.Topic, w.part.Partition, kgo.EpochOffset{Epoch: epoch, Offset: offset})
 	if cerr == nil {
 		w.setCommitted(offset)
 		w.proven()

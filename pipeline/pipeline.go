@@ -265,6 +265,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		return fmt.Errorf("pipeline: kafka client: %w", err)
 	}
 	p.client, p.deps.client = cl, cl
+	p.deps.commits = newCommitter(cl)
 	close(p.clientSet)
 	if err := p.checkCluster(ctx); err != nil {
 		cl.Close()
@@ -272,7 +273,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 	bgCtx, stopBg := context.WithCancel(p.base)
 	var bg sync.WaitGroup
-	bg.Add(5)
+	bg.Add(6)
+	// The committer outlives the workers' shutdown: their last commits.
+	go func() { defer bg.Done(); p.deps.commits.run(bgCtx) }()
 	go func() { defer bg.Done(); p.probeLoop(bgCtx) }()
 	go func() { defer bg.Done(); p.logKeepLoop(bgCtx) }()
 	go func() { defer bg.Done(); p.haltWatchLoop(bgCtx) }()

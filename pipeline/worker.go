@@ -44,6 +44,7 @@ type settings struct {
 type deps struct {
 	store   *dedup.Store
 	client  *kgo.Client
+	commits *committer // at-least-once mode's offset commits
 	metrics *metrics
 	budget  *budget
 	limits  *batchLimits

@@ -1,0 +1,280 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/dam-dedup/dam/internal/testutil/testkafka"
+)
+
+// commitRig is a client that is a member of group "g" with every
+// partition of "in", and a committer over it whose OffsetCommit requests
+// the test sees and can hold.
+type commitRig struct {
+	t    *testing.T
+	kc   *testkafka.Cluster
+	c    *committer
+	mu   sync.Mutex
+	reqs [][]int32 // the partitions of each OffsetCommit request, in order
+	hold chan struct{}
+	seen chan struct{} // one per request, as it arrives
+}
+
+func newCommitRig(t *testing.T, partitions int32) *commitRig {
+	t.Helper()
+	kc := testkafka.New(t, partitions, "in")
+	assigned := make(chan struct{})
+	var once sync.Once
+	cl := kc.Client(kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in"), kgo.DisableAutoCommit(),
+		kgo.HeartbeatInterval(100*time.Millisecond),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { once.Do(func() { close(assigned) }) }))
+	r := &commitRig{t: t, kc: kc, c: newCommitter(cl), hold: make(chan struct{}), seen: make(chan struct{}, 16)}
+	close(r.hold) // not held until hold is called
+	kc.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kc.KeepControl()
+		var parts []int32
+		for _, tp := range req.(*kmsg.OffsetCommitRequest).Topics {
+			for _, p := range tp.Partitions {
+				parts = append(parts, p.Partition)
+			}
+		}
+		r.mu.Lock()
+		r.reqs = append(r.reqs, parts)
+		hold := r.hold
+		r.mu.Unlock()
+		r.seen <- struct{}{}
+		kc.SleepControl(func() { <-hold })
+		return nil, nil, false
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		for ctx.Err() == nil {
+			cl.PollFetches(ctx) // joins the group, and keeps the member alive
+		}
+	}()
+	select {
+	case <-assigned:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the rig's client was not assigned the partitions")
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); r.c.run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return r
+}
+
+// holdRequests makes the next OffsetCommit requests wait until the
+// returned release is called.
+func (r *commitRig) holdRequests() (release func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := make(chan struct{})
+	r.hold = h
+	return sync.OnceFunc(func() { close(h) })
+}
+
+func (r *commitRig) waitRequest() {
+	r.t.Helper()
+	select {
+	case <-r.seen:
+	case <-time.After(30 * time.Second):
+		r.t.Fatal("no OffsetCommit request arrived")
+	}
+}
+
+func (r *commitRig) requests() [][]int32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([][]int32(nil), r.reqs...)
+}
+
+func (r *commitRig) committed() map[int32]int64 {
+	r.t.Helper()
+	os, err := kadm.NewClient(r.kc.Client()).FetchOffsets(context.Background(), "g")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	out := map[int32]int64{}
+	os.Each(func(o kadm.OffsetResponse) { out[o.Partition] = o.At })
+	return out
+}
+
+// commitAsync commits in the background and returns where its answer
+// arrives.
+func (r *commitRig) commitAsync(ctx context.Context, part int32, at int64) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- r.c.commit(ctx, "in", part, kgo.EpochOffset{Epoch: -1, Offset: at}) }()
+	return done
+}
+
+func answer(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatal("a commit was never answered")
+		return nil
+	}
+}
+
+// Commits asked for while a commit is in flight go out together, in the
+// next request, and each is answered and lands: a caught-up partition's
+// commit waits for one round trip, not for every other partition's in
+// turn.
+func TestCommitterCoalescesCommitsWaitingForTheRequestInFlight(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, 6)
+	release := r.holdRequests()
+	first := r.commitAsync(context.Background(), 0, 10)
+	r.waitRequest()
+	var rest []<-chan error
+	for p := int32(1); p < 6; p++ {
+		rest = append(rest, r.commitAsync(context.Background(), p, 10+int64(p)))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(r.c.reqs) < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 5 commits queued behind the request in flight", len(r.c.reqs))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	release()
+	if err := answer(t, first); err != nil {
+		t.Fatalf("the first commit: %v", err)
+	}
+	for i, done := range rest {
+		if err := answer(t, done); err != nil {
+			t.Fatalf("the commit of partition %d: %v", i+1, err)
+		}
+	}
+	reqs := r.requests()
+	if len(reqs) != 2 || len(reqs[0]) != 1 || len(reqs[1]) != 5 {
+		t.Fatalf("OffsetCommit requests by partition: %v; want [[0] [1 2 3 4 5]]", reqs)
+	}
+	got := r.committed()
+	for p := int32(0); p < 6; p++ {
+		if got[p] != 10+int64(p) {
+			t.Errorf("partition %d committed at %d, want %d (all: %v)", p, got[p], 10+int64(p), got)
+		}
+	}
+}
+
+// A commit whose worker stopped while it waited is not sent: a revoked
+// partition's offset is never committed after its worker gave it up.
+func TestCommitterDropsTheCommitOfAStoppedWorker(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, 2)
+	release := r.holdRequests()
+	first := r.commitAsync(context.Background(), 0, 10)
+	r.waitRequest()
+	ctx, stop := context.WithCancel(context.Background())
+	stopped := r.commitAsync(ctx, 1, 20)
+	deadline := time.Now().Add(30 * time.Second)
+	for len(r.c.reqs) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the second commit never queued")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	stop()
+	if err := answer(t, stopped); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the stopped worker's commit returned %v, want context.Canceled", err)
+	}
+	release()
+	if err := answer(t, first); err != nil {
+		t.Fatalf("the first commit: %v", err)
+	}
+	// One more commit, so that anything the committer still held is sent.
+	if err := answer(t, r.commitAsync(context.Background(), 0, 11)); err != nil {
+		t.Fatal(err)
+	}
+	if reqs := r.requests(); len(reqs) != 2 || len(reqs[1]) != 1 || reqs[1][0] != 0 {
+		t.Fatalf("OffsetCommit requests by partition: %v; want [[0] [0]]", reqs)
+	}
+	if got := r.committed(); got[1] != 0 && got[1] != -1 {
+		t.Fatalf("the stopped worker's partition was committed at %d", got[1])
+	}
+}
+
+// A commit waiting for a rebalance to end (franz-go sends no commit
+// between joining and syncing) is canceled as soon as its worker stops,
+// as at a revocation: it is not sent in the next generation, where it
+// could move back the offset the partition's next owner committed.
+func TestCommitterNeverSendsAStoppedWorkersCommitAfterARebalance(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, 2)
+	// Every SyncGroup waits until released: the rig's client, rejoining,
+	// holds its commits meanwhile.
+	var armed atomic.Bool
+	syncHeld, syncs := make(chan struct{}), make(chan struct{}, 16)
+	releaseSync := sync.OnceFunc(func() { close(syncHeld) })
+	defer releaseSync()
+	r.kc.ControlKey(int16(kmsg.SyncGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
+		r.kc.KeepControl()
+		if !armed.Load() {
+			return nil, nil, false
+		}
+		syncs <- struct{}{}
+		r.kc.SleepControl(func() { <-syncHeld })
+		return nil, nil, false
+	})
+	armed.Store(true)
+	other := r.kc.Client(kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in"), kgo.DisableAutoCommit())
+	pctx, pstop := context.WithCancel(context.Background())
+	defer pstop()
+	go func() {
+		for pctx.Err() == nil {
+			other.PollFetches(pctx)
+		}
+	}()
+	for range 2 { // both members are between joining and syncing
+		select {
+		case <-syncs:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the rebalance never reached SyncGroup")
+		}
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := r.commitAsync(ctx, 0, 10)
+	deadline := time.Now().Add(30 * time.Second)
+	for len(r.c.reqs) > 0 || len(r.requests()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the committer never took the commit")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // into franz-go's wait for the rebalance
+	stop()
+	if err := answer(t, done); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the stopped worker's commit returned %v, want context.Canceled", err)
+	}
+	releaseSync()
+	// Any commit after the rebalance: the committer is free, and what it
+	// sends is that one alone.
+	var err error
+	for time.Now().Before(deadline) {
+		if err = answer(t, r.commitAsync(context.Background(), 1, 7)); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // a partition the new generation gave the other member
+	}
+	for _, req := range r.requests() {
+		if slices.Contains(req, 0) {
+			t.Fatalf("the stopped worker's commit of partition 0 was sent after the rebalance (requests: %v)", r.requests())
+		}
+	}
+	if got := r.committed(); got[0] == 10 {
+		t.Fatal("partition 0 was committed at 10 by a stopped worker")
+	}
+}
