@@ -9,7 +9,6 @@ import (
 	"slices"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -252,8 +251,7 @@ func (p *Pipeline) roundPoll(cl *kgo.Client) int {
 // returns nil once the transaction committed (or there was nothing to do);
 // otherwise the error, after the round's partitions are set to be planned
 // again. Its phases: take the polled records (roundParts), decide them
-// (decideParts), each partition producing what it delivers as soon as it
-// is decided (roundTxn), wait for the acknowledgements, and end the
+// (decideParts), produce what they deliver (produceRound), and end the
 // transaction with the offsets the jobs allow (endRound).
 func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSession, fetches kgo.Fetches) error {
 	polled := time.Now()
@@ -272,24 +270,26 @@ func (p *Pipeline) round(ctx, hard context.Context, sess *kgo.GroupTransactSessi
 		stopRetries()
 	}()
 
-	txn := &roundTxn{p: p, sess: sess, hard: hard}
-	if err := p.decideParts(hard, retryCtx, parts, polled, txn); err != nil {
-		return p.uncommitted(hard, sess, parts, txn, err)
-	}
-	if err := txn.acked(parts); err != nil {
-		return p.uncommitted(hard, sess, parts, txn, err)
+	if err := p.decideParts(hard, retryCtx, parts, polled); err != nil {
+		return p.uncommitted(hard, sess, parts, err)
 	}
 	commits := p.roundCommits(parts)
-	if !txn.began && len(commits) == 0 {
+	produce := false
+	for _, rp := range parts {
+		for _, j := range rp.jobs {
+			produce = produce || len(j.out) > 0
+		}
+	}
+	if !produce && len(commits) == 0 {
 		// Only held replays and catch-up: nothing to deliver or commit.
 		p.delivered(parts)
 		return nil
 	}
-	if err := txn.begin(); err != nil { // a round that commits offsets alone
-		return p.uncommitted(hard, sess, parts, txn, err)
+	if err := p.produceRound(hard, sess, parts); err != nil {
+		return p.uncommitted(hard, sess, parts, err)
 	}
 	if err := p.endRound(hard, sess, commits); err != nil {
-		return p.uncommitted(hard, sess, parts, txn, err)
+		return p.uncommitted(hard, sess, parts, err)
 	}
 	p.delivered(parts)
 	p.recordDelivered(hard, commits)
@@ -333,11 +333,9 @@ func (p *Pipeline) roundParts(fetches kgo.Fetches) []*roundPart {
 }
 
 // decideParts is a round's first phase: it decides every part, partitions
-// in parallel, and returns the errors joined. Each part decided produces
-// what it delivers into txn at once, while the others still decide: the
-// CPU that PostgreSQL and the hashing leave idle then compresses and
-// sends it. A partition whose error no retry fixes halts.
-func (p *Pipeline) decideParts(hard, retryCtx context.Context, parts []*roundPart, polled time.Time, txn *roundTxn) error {
+// in parallel, and returns the errors joined. A partition whose error no
+// retry fixes halts.
+func (p *Pipeline) decideParts(hard, retryCtx context.Context, parts []*roundPart, polled time.Time) error {
 	var wg sync.WaitGroup
 	for _, rp := range parts {
 		wg.Add(1)
@@ -353,7 +351,6 @@ func (p *Pipeline) decideParts(hard, retryCtx context.Context, parts []*roundPar
 			stopOps()
 			stopR()
 			if rp.err != nil {
-				txn.doomed.Store(true)
 				return
 			}
 			if rp.jobs == nil {
@@ -366,11 +363,9 @@ func (p *Pipeline) decideParts(hard, retryCtx context.Context, parts []*roundPar
 				if j.stuck > 0 {
 					s := j.out[j.stuck-1]
 					rp.err = w.stuckErr(s)
-					txn.doomed.Store(true)
-					return
+					break
 				}
 			}
-			txn.produce(rp)
 		}()
 	}
 	wg.Wait()
@@ -389,99 +384,56 @@ func (p *Pipeline) decideParts(hard, retryCtx context.Context, parts []*roundPar
 	return cause
 }
 
-// roundTxn is a round's Kafka transaction. The first part decided with
-// records to deliver begins it, and each part produces as soon as it is
-// decided. franz-go forbids Produce concurrently with Begin: every Produce
-// follows the Once that begins, and End follows decideParts, after the
-// last Produce.
-type roundTxn struct {
-	p    *Pipeline
-	sess *kgo.GroupTransactSession
-	hard context.Context
-
-	once     sync.Once
-	began    bool  // set in once; read after decideParts
-	beginErr error // set in once
-	// doomed: a part failed, so the round aborts; the parts decided after
-	// it produce nothing.
-	doomed atomic.Bool
-
-	wg    sync.WaitGroup // a produce in flight
-	mu    sync.Mutex
-	first error // the first produce error
-}
-
-// begin begins the transaction once, and returns why it could not.
-func (t *roundTxn) begin() error {
-	t.once.Do(func() {
-		if err := t.sess.Begin(); err != nil {
-			// franz-go recovers what can be recovered before it refuses
-			// to begin: a producer that cannot begin never will (a newer
-			// producer with this transactional id can leave it in
-			// INVALID_TXN_STATE rather than PRODUCER_FENCED).
-			t.beginErr = fmt.Errorf("%w %q: beginning a transaction: %w", errProducerFenced, t.p.transactionalID(), err)
-			t.doomed.Store(true)
-			return
-		}
-		t.began = true
-	})
-	return t.beginErr
-}
-
-// produce hands a decided part's records to the transaction, without
-// waiting for them (acked waits).
-func (t *roundTxn) produce(rp *roundPart) {
-	if len(rp.jobs) == 0 {
-		return
+// produceRound is a round's second phase: it begins the transaction and
+// produces every record the round delivers, waiting for each. Not before
+// every partition is decided: the broker's transaction timeout runs from
+// the first record produced, and a decide retrying through a lock or an
+// outage has no bound; a transaction timed out fences the producer, which
+// stops the instance.
+func (p *Pipeline) produceRound(hard context.Context, sess *kgo.GroupTransactSession, parts []*roundPart) error {
+	if err := sess.Begin(); err != nil {
+		// franz-go recovers what can be recovered before it refuses to
+		// begin: a producer that cannot begin never will (a newer
+		// producer with this transactional id can leave it in
+		// INVALID_TXN_STATE rather than PRODUCER_FENCED).
+		return fmt.Errorf("%w %q: beginning a transaction: %w", errProducerFenced, p.transactionalID(), err)
 	}
-	out := false
-	for _, j := range rp.jobs {
-		out = out || len(j.out) > 0
-	}
-	if out && !t.doomed.Load() && t.begin() == nil {
+	var (
+		pwg   sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	for _, rp := range parts {
 		for _, j := range rp.jobs {
 			for i := range j.out {
 				o := &j.out[i]
-				t.wg.Add(1)
-				t.sess.Produce(t.hard, o.rec, func(_ *kgo.Record, err error) {
-					defer t.wg.Done()
+				pwg.Add(1)
+				sess.Produce(hard, o.rec, func(_ *kgo.Record, err error) {
+					defer pwg.Done()
 					if err == nil {
 						return
 					}
-					t.mu.Lock()
-					defer t.mu.Unlock()
+					mu.Lock()
+					defer mu.Unlock()
 					switch {
 					case refusedForGood(err) && o.outcome == outcomeRefused:
 						rp.w.eos.letterRefusedAt[o.src.Offset] = err // its replay halts there
 					case refusedForGood(err):
 						rp.w.eos.refusedAt[o.src.Offset] = err // its replay dead-letters it
 					}
-					if t.first == nil {
-						t.first = fmt.Errorf("produce to %s: %w", o.rec.Topic, err)
+					if first == nil {
+						first = fmt.Errorf("produce to %s: %w", o.rec.Topic, err)
 					}
 				})
 			}
 		}
+		if len(rp.jobs) > 0 {
+			rp.w.step(StepProducing)
+		}
 	}
-	rp.w.step(StepProducing)
-}
-
-// settle waits for every record produced to be acknowledged or failed.
-func (t *roundTxn) settle() error {
-	t.wg.Wait()
-	if t.beginErr != nil {
-		return t.beginErr
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.first
-}
-
-// acked is a round's second phase: it waits for every record the round
-// produced to be acknowledged.
-func (t *roundTxn) acked(parts []*roundPart) error {
-	if err := t.settle(); err != nil {
-		return err
+	pwg.Wait()
+	if first != nil {
+		return first
 	}
 	for _, rp := range parts {
 		if len(rp.jobs) > 0 {
@@ -631,7 +583,7 @@ func (p *Pipeline) fenced(err error) error {
 // transaction holds (the session rewinds to the committed offsets) and sets
 // each partition of the round to be planned again from Kafka's committed
 // offset (replanPending): the transaction may have committed after all.
-func (p *Pipeline) uncommitted(hard context.Context, sess *kgo.GroupTransactSession, parts []*roundPart, txn *roundTxn, cause error) error {
+func (p *Pipeline) uncommitted(hard context.Context, sess *kgo.GroupTransactSession, parts []*roundPart, cause error) error {
 	ctx := hard
 	if ctx.Err() != nil {
 		// Given up at shutdown: end what can be ended, briefly; the next
@@ -644,10 +596,6 @@ func (p *Pipeline) uncommitted(hard context.Context, sess *kgo.GroupTransactSess
 		cause = errors.Join(cause, p.fenced(fmt.Errorf("ending the transaction: %w", err)))
 	}
 	p.unended.Store(false)
-	// The abort failed what was still buffered: every produce's callback
-	// has run before the partitions are planned again (what it learnt of
-	// a record refused for good guides the replay).
-	txn.settle() //nolint:errcheck // the round already failed
 	if errors.Is(cause, errProducerFenced) {
 		return cause
 	}

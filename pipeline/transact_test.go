@@ -293,3 +293,75 @@ func TestExactlyOnceHalt(t *testing.T) {
 	r.stop()
 	_ = context.Background
 }
+
+// A round lasts as long as its slowest partition decides, retries through
+// a lock or an outage included, and that is no bound: a partition that
+// decides for longer than kafka.transaction_timeout after another of its
+// round was decided must not make the broker time out the round's
+// transaction (which fences the producer, and so stops the instance).
+// Here partition 1's decide ends 11 s after partition 0's, in one round;
+// the transaction timeout is 8 s. The instance keeps running, and the
+// output is exactly the input's, with no round failed.
+func TestExactlyOnceRoundOutlastsTheTransactionTimeout(t *testing.T) {
+	t.Parallel()
+	kc := testkafka.New(t, 2, "in", "out")
+	dsn := pgtest.DSN(t)
+	cfg := eosConfig(t, kc, dsn, "a", route("svc", "in", "out"))
+	validate(t, &cfg)
+	store := openStore(t, dsn)
+	want := map[string][]string{}
+	// The records are produced before each start, so that the first fetch,
+	// and so the first round, usually holds both partitions; the hook
+	// tells whether it did, and else the attempt is made again.
+	for attempt := 1; attempt <= 8; attempt++ {
+		var (
+			p0      atomic.Int64 // when partition 0 was decided, ns
+			slowed  atomic.Bool
+			spanned atomic.Bool // partition 1 decided in partition 0's round, past the timeout
+			acked0  atomic.Bool
+		)
+		hook := func(s pipeline.Step, _ string, part int32) {
+			switch {
+			case s == pipeline.StepDecided && part == 0:
+				p0.Store(time.Now().UnixNano())
+			case s == pipeline.StepAcked && part == 0:
+				acked0.Store(true)
+			case s == pipeline.StepDecided && part == 1 && slowed.CompareAndSwap(false, true):
+				time.Sleep(cfg.Kafka.TransactionTimeout + 3*time.Second)
+				spanned.Store(p0.Load() != 0 && !acked0.Load())
+			}
+		}
+		v := fmt.Sprint(attempt)
+		produceTo(t, kc, "in", &kgo.Record{Partition: 0, Key: []byte("a"), Value: []byte(v)}, &kgo.Record{Partition: 1, Key: []byte("b"), Value: []byte(v)})
+		want["a"], want["b"] = append(want["a"], v), append(want["b"], v)
+		reg := prometheus.NewRegistry()
+		pl, err := pipeline.New(cfg, store, pipeline.WithLogger(zaptest.NewLogger(t)), pipeline.WithRegisterer(reg), pipeline.WithStepHook(hook))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := run(t, pl, reg)
+		deadline := time.Now().Add(waitTimeout)
+		for !slowed.Load() || len(kc.ReadAll("out")) < 2*len(want["a"]) {
+			select {
+			case err := <-r.errc:
+				r.done = true
+				t.Fatalf("attempt %d: the instance stopped while partition 1 decided slowly: %v", attempt, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("attempt %d: timed out; out holds %s", attempt, dump(kc.ReadAll("out")))
+			}
+		}
+		exactly(t, kc, "out", want)
+		failed := r.counter("dam_delivery_errors_total", "svc")
+		r.stop()
+		if spanned.Load() {
+			if failed != 0 {
+				t.Fatalf("dam_delivery_errors_total = %v: a round failed because one partition decided slowly", failed)
+			}
+			return
+		}
+		t.Logf("attempt %d: partitions 0 and 1 were not decided in one round; again", attempt)
+	}
+	t.Fatal("partitions 0 and 1 were never decided in one round")
+}
