@@ -83,6 +83,28 @@ func (r *commitRig) holdRequests() (release func()) {
 	return sync.OnceFunc(func() { close(h) })
 }
 
+// holdFirst sends a commit of partition 0 at 10 and holds its request at
+// the broker until release: the commits after it queue meanwhile.
+func (r *commitRig) holdFirst() (release func(), first <-chan error) {
+	r.t.Helper()
+	release = r.holdRequests()
+	first = r.commitAsync(context.Background(), 0, 10)
+	r.waitRequest()
+	return release, first
+}
+
+// waitQueued waits until n commits wait in the committer's queue.
+func (r *commitRig) waitQueued(n int) {
+	r.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(r.c.reqs) < n {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%d of %d commits queued behind the request in flight", len(r.c.reqs), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func (r *commitRig) waitRequest() {
 	r.t.Helper()
 	select {
@@ -135,20 +157,12 @@ func answer(t *testing.T, done <-chan error) error {
 func TestCommitterCoalescesCommitsWaitingForTheRequestInFlight(t *testing.T) {
 	t.Parallel()
 	r := newCommitRig(t, 6)
-	release := r.holdRequests()
-	first := r.commitAsync(context.Background(), 0, 10)
-	r.waitRequest()
+	release, first := r.holdFirst()
 	var rest []<-chan error
 	for p := int32(1); p < 6; p++ {
 		rest = append(rest, r.commitAsync(context.Background(), p, 10+int64(p)))
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for len(r.c.reqs) < 5 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 5 commits queued behind the request in flight", len(r.c.reqs))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	r.waitQueued(5)
 	release()
 	if err := answer(t, first); err != nil {
 		t.Fatalf("the first commit: %v", err)
@@ -175,18 +189,10 @@ func TestCommitterCoalescesCommitsWaitingForTheRequestInFlight(t *testing.T) {
 func TestCommitterDropsTheCommitOfAStoppedWorker(t *testing.T) {
 	t.Parallel()
 	r := newCommitRig(t, 2)
-	release := r.holdRequests()
-	first := r.commitAsync(context.Background(), 0, 10)
-	r.waitRequest()
+	release, first := r.holdFirst()
 	ctx, stop := context.WithCancel(context.Background())
 	stopped := r.commitAsync(ctx, 1, 20)
-	deadline := time.Now().Add(30 * time.Second)
-	for len(r.c.reqs) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the second commit never queued")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	r.waitQueued(1)
 	stop()
 	if err := answer(t, stopped); !errors.Is(err, context.Canceled) {
 		t.Fatalf("the stopped worker's commit returned %v, want context.Canceled", err)
