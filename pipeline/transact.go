@@ -240,11 +240,16 @@ type roundPart struct {
 // partition or two, which made a round of its own that decided them alone
 // while the other CPU waited (a tenth of a backlog's time).
 func (p *Pipeline) roundPoll(cl *kgo.Client) int {
-	n := p.cfg.Pipeline.MaxInFlight * max(1, int(p.deps.budget.partitions.Load()))
-	if b := int(cl.BufferedFetchRecords()); b > n && b <= 2*n {
-		return b
+	return roundSize(p.cfg.Pipeline.MaxInFlight*max(1, int(p.deps.budget.partitions.Load())), int(cl.BufferedFetchRecords()))
+}
+
+// roundSize is roundPoll's rule: budget records, or all buffered ones when
+// they are more than budget and at most twice as many.
+func roundSize(budget, buffered int) int {
+	if buffered > budget && buffered <= 2*budget {
+		return buffered
 	}
-	return n
+	return budget
 }
 
 // round decides what was polled and delivers it in one transaction. It
