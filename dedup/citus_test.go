@@ -427,6 +427,46 @@ func lostCommitRig(t *testing.T) (*pgcitus.Cluster, *tcpproxy.Proxy, *dedup.Stor
 	return cc, px, s, x, y
 }
 
+// decideRecords decides recs as one batch of b's partition from b.Start,
+// each record at the next offset.
+func decideRecords(ctx context.Context, s *dedup.Store, b dedup.Batch, recs ...dedup.Record) ([]dedup.Decision, error) {
+	b.End = b.Start + int64(len(recs))
+	for i, r := range recs {
+		r.Offset = b.Start + int64(i)
+		b.Records = append(b.Records, r)
+	}
+	return s.Decide(ctx, &b, nil)
+}
+
+// workerHoldsPrepared connects to cc's worker i (closed at cleanup) and
+// skips the test when the worker holds no prepared transaction: its
+// COMMIT PREPARED was not lost, and there is nothing to prove.
+func workerHoldsPrepared(t *testing.T, cc *pgcitus.Cluster, i int) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	w, err := pgx.Connect(ctx, cc.Worker(i).DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close(ctx) })
+	n := preparedOn(t, w)
+	if n == 0 {
+		t.Skipf("worker %d holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove", i)
+	}
+	t.Logf("worker %d holds %d transaction(s) prepared", i, n)
+	return w
+}
+
+// preparedOn counts the transactions w's server holds prepared.
+func preparedOn(t *testing.T, w *pgx.Conn) int {
+	t.Helper()
+	var n int
+	if err := w.QueryRow(context.Background(), `SELECT count(*) FROM pg_prepared_xacts`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // TestCitusFirstRunReadsNoCommitStillPrepared: on Citus, a decide's first
 // run does not decide on a row that a committed decide's transaction still
 // holds prepared on its worker. A two-phase commit is decided by the
@@ -444,14 +484,8 @@ func TestCitusFirstRunReadsNoCommitStillPrepared(t *testing.T) {
 	cc, px, s, x, y := lostCommitRig(t)
 	p1, e1 := partition(t, s, "one")
 	p2, e2 := partition(t, s, "two")
-
 	decide := func(p dedup.Partition, epoch, start int64, recs ...dedup.Record) ([]dedup.Decision, error) {
-		b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: start, End: start + int64(len(recs))}
-		for i, r := range recs {
-			r.Offset = start + int64(i)
-			b.Records = append(b.Records, r)
-		}
-		return s.Decide(ctx, b, nil)
+		return decideRecords(ctx, s, dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: start}, recs...)
 	}
 	// x holds A.
 	if out, err := decide(p1, e1, 0, dedup.Record{Entity: x, Digest: digest("A")}); err != nil || out[0] != dedup.Forward {
@@ -464,19 +498,8 @@ func TestCitusFirstRunReadsNoCommitStillPrepared(t *testing.T) {
 	if err != nil || out[0] != dedup.Forward {
 		t.Fatalf("partition one forwarding B: %v, %v", out, err)
 	}
-	w, err := pgx.Connect(ctx, cc.Worker(0).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close(ctx)
-	var prepared int
-	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil {
-		t.Fatal(err)
-	}
-	if prepared == 0 {
-		t.Skip("worker 0 holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove")
-	}
-	t.Logf("partition one's decide returned %v; worker 0 holds %d transaction(s) prepared", out, prepared)
+	workerHoldsPrepared(t, cc, 0)
+	t.Logf("partition one's decide returned %v", out)
 
 	// Partition two, after: A again for x. x's last forwarded content is B.
 	out, err = decide(p2, e2, 0, dedup.Record{Entity: x, Digest: digest("A")})
@@ -508,12 +531,7 @@ func TestCitusSlidingExtensionStillPreparedWaitsThenRecovers(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 	decide := func(p dedup.Partition, epoch, start int64, now time.Time, recs ...dedup.Record) ([]dedup.Decision, error) {
-		b := &dedup.Batch{Service: "svc", Rule: rule, Now: now, Partition: p, Epoch: epoch, Start: start, End: start + int64(len(recs))}
-		for i, r := range recs {
-			r.Offset = start + int64(i)
-			b.Records = append(b.Records, r)
-		}
-		return s.Decide(ctx, b, nil)
+		return decideRecords(ctx, s, dedup.Batch{Service: "svc", Rule: rule, Now: now, Partition: p, Epoch: epoch, Start: start}, recs...)
 	}
 	if out, err := decide(p1, e1, 0, t0, dedup.Record{Entity: x, Digest: digest("A")}); err != nil || out[0] != dedup.Forward {
 		t.Fatalf("seed: %v, %v", out, err)
@@ -526,18 +544,7 @@ func TestCitusSlidingExtensionStillPreparedWaitsThenRecovers(t *testing.T) {
 	if err != nil || out[0] != dedup.Duplicate || out[1] != dedup.Forward {
 		t.Fatalf("partition one extending x: %v, %v", out, err)
 	}
-	w, err := pgx.Connect(ctx, cc.Worker(0).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close(ctx)
-	var prepared int
-	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil {
-		t.Fatal(err)
-	}
-	if prepared == 0 {
-		t.Skip("worker 0 holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove")
-	}
+	w := workerHoldsPrepared(t, cc, 0)
 	// At 1h10m x repeats on partition two: within the extended window.
 	at := t0.Add(70 * time.Minute)
 	out, err = decide(p2, e2, 0, at, dedup.Record{Entity: x, Digest: digest("A")})
@@ -555,8 +562,8 @@ func TestCitusSlidingExtensionStillPreparedWaitsThenRecovers(t *testing.T) {
 	if _, err := s.Pool().Exec(ctx, `SELECT recover_prepared_transactions()`); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil || prepared != 0 {
-		t.Fatalf("after recovery worker 0 holds %d prepared transaction(s) (%v)", prepared, err)
+	if n := preparedOn(t, w); n != 0 {
+		t.Fatalf("after recovery worker 0 holds %d prepared transaction(s)", n)
 	}
 	out, err = decide(p2, e2, 0, at, dedup.Record{Entity: x, Digest: digest("A")})
 	if err != nil || out[0] != dedup.Duplicate {
@@ -576,12 +583,7 @@ func TestCitusResetStillPreparedIsNotReadAsState(t *testing.T) {
 	p1, e1 := partition(t, s, "one")
 
 	decide := func(start int64, recs ...dedup.Record) ([]dedup.Decision, error) {
-		b := &dedup.Batch{Service: "svc", Partition: p1, Epoch: e1, Start: start, End: start + int64(len(recs))}
-		for i, r := range recs {
-			r.Offset = start + int64(i)
-			b.Records = append(b.Records, r)
-		}
-		return s.Decide(ctx, b, nil)
+		return decideRecords(ctx, s, dedup.Batch{Service: "svc", Partition: p1, Epoch: e1, Start: start}, recs...)
 	}
 	if out, err := decide(0, dedup.Record{Entity: x, Digest: digest("A")}, dedup.Record{Entity: y, Digest: digest("Y")}); err != nil || out[0] != dedup.Forward {
 		t.Fatalf("seed: %v, %v", out, err)
@@ -590,18 +592,7 @@ func TestCitusResetStillPreparedIsNotReadAsState(t *testing.T) {
 	if n, err := s.ResetService(ctx, "svc"); err != nil || n != 2 {
 		t.Fatalf("reset: %d, %v", n, err)
 	}
-	w, err := pgx.Connect(ctx, cc.Worker(0).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close(ctx)
-	var prepared int
-	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil {
-		t.Fatal(err)
-	}
-	if prepared == 0 {
-		t.Skip("worker 0 holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove")
-	}
+	workerHoldsPrepared(t, cc, 0)
 	out, err := decide(2, dedup.Record{Entity: x, Digest: digest("A")})
 	switch {
 	case errors.Is(err, dedup.ErrUnavailable):
@@ -649,12 +640,7 @@ func TestCitusFirstRunReadsNoCommitStillPreparedAfterShardSplit(t *testing.T) {
 	p1, e1 := partition(t, writer, "one")
 	p2, e2 := partition(t, reader, "two")
 	decide := func(s *dedup.Store, p dedup.Partition, epoch, start int64, recs ...dedup.Record) ([]dedup.Decision, error) {
-		b := &dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: start, End: start + int64(len(recs))}
-		for i, r := range recs {
-			r.Offset = start + int64(i)
-			b.Records = append(b.Records, r)
-		}
-		return s.Decide(ctx, b, nil)
+		return decideRecords(ctx, s, dedup.Batch{Service: "svc", Partition: p, Epoch: epoch, Start: start}, recs...)
 	}
 	// The reader keeps a shard map.
 	if _, err := decide(reader, p2, e2, 0, dedup.Record{Entity: y, Digest: digest("Y0")}); err != nil {
@@ -711,18 +697,7 @@ func TestCitusFirstRunReadsNoCommitStillPreparedAfterShardSplit(t *testing.T) {
 	if err != nil || out[0] != dedup.Forward {
 		t.Fatalf("partition one forwarding B: %v, %v", out, err)
 	}
-	w, err := pgx.Connect(ctx, cc.Worker(0).DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close(ctx)
-	var prepared int
-	if err := w.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_xacts`).Scan(&prepared); err != nil {
-		t.Fatal(err)
-	}
-	if prepared == 0 {
-		t.Skip("worker 0 holds no prepared transaction (its COMMIT PREPARED was not lost): nothing to prove")
-	}
+	workerHoldsPrepared(t, cc, 0)
 	defer writer.Pool().Exec(ctx, `SELECT recover_prepared_transactions()`)
 
 	// Partition two, by its stale map (x and x2 one group): A again for x.
