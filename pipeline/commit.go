@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -38,6 +39,10 @@ type commitReq struct {
 // errCommitterStopped: the pipeline is past its shutdown; nothing more is
 // committed.
 var errCommitterStopped = errors.New("pipeline: the offset committer has stopped")
+
+// errNothingToCommit: every worker of a request stopped before it was
+// written; nothing is sent.
+var errNothingToCommit = errors.New("pipeline: every commit of the request is of a stopped worker")
 
 func newCommitter(cl *kgo.Client) *committer {
 	// Buffered: a worker hands its commit over without waiting for the
@@ -111,13 +116,22 @@ func (c *committer) run(ctx context.Context) {
 // owner of its partition, finishing): that one is returned, for the next
 // request, so that a partition's commits are sent in the order asked.
 //
-// The request is canceled as soon as any of its workers stops, as each
-// worker's own synchronous commit was: a commit of a revoked partition
-// must not wait through the rebalance and be sent in the next generation,
-// where it could move back the offset its next owner committed. The
-// others' commits are then answered with an error, and retried.
+// A stopped worker's commit is never sent after its partition's next
+// owner's: a commit of a revoked partition must not wait through a
+// rebalance and be sent in the next generation, where it could move back
+// the offset its next owner committed. Until the request is written (it
+// waits for a rebalance's join and sync, or for the request before it)
+// it is canceled as soon as any of its workers stops, and the others'
+// commits are answered with an error, and retried. When franz-go is about
+// to write it (preCommit), the partitions of the workers stopped by then
+// are taken out. Once written it is never canceled: canceling drops the
+// connection, not the request, which the broker may then apply after the
+// commits that follow it on a new connection, moving their offsets back.
+// It is answered instead, and the commits asked for meanwhile wait for it
+// (franz-go writes a commit only after the one before it is answered).
 func (c *committer) send(ctx context.Context, batch []*commitReq) (held []*commitReq) {
 	offsets := map[string]map[int32]kgo.EpochOffset{}
+	byPart := map[string]map[int32]*commitReq{}
 	var sent []*commitReq
 	for _, r := range batch {
 		if err := r.ctx.Err(); err != nil {
@@ -130,8 +144,10 @@ func (c *committer) send(ctx context.Context, batch []*commitReq) (held []*commi
 		}
 		if offsets[r.topic] == nil {
 			offsets[r.topic] = map[int32]kgo.EpochOffset{}
+			byPart[r.topic] = map[int32]*commitReq{}
 		}
 		offsets[r.topic][r.part] = r.at
+		byPart[r.topic][r.part] = r
 		sent = append(sent, r)
 	}
 	if len(sent) == 0 {
@@ -139,15 +155,52 @@ func (c *committer) send(ctx context.Context, batch []*commitReq) (held []*commi
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var (
+		mu      sync.Mutex
+		written bool                    // set by preCommit: the request is no longer canceled
+		removed = map[*commitReq]bool{} // taken out of the request: their workers stopped
+	)
 	for _, r := range sent {
-		stop := context.AfterFunc(r.ctx, cancel)
+		stop := context.AfterFunc(r.ctx, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if !written {
+				cancel()
+			}
+		})
 		defer stop()
+	}
+	preCommit := func(req *kmsg.OffsetCommitRequest) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if err := rctx.Err(); err != nil {
+			return err // canceled while it waited: not written
+		}
+		written = true
+		topics := req.Topics[:0]
+		for _, t := range req.Topics {
+			parts := t.Partitions[:0]
+			for _, pr := range t.Partitions {
+				if r := byPart[t.Topic][pr.Partition]; r != nil && r.ctx.Err() != nil {
+					removed[r] = true
+					continue
+				}
+				parts = append(parts, pr)
+			}
+			if t.Partitions = parts; len(parts) > 0 {
+				topics = append(topics, t)
+			}
+		}
+		if req.Topics = topics; len(topics) == 0 {
+			return errNothingToCommit
+		}
+		return nil
 	}
 	var (
 		reqErr error
 		errs   = map[string]map[int32]error{}
 	)
-	c.cl.CommitOffsetsSync(rctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+	c.cl.CommitOffsetsSync(kgo.PreCommitFnContext(rctx, preCommit), offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err != nil {
 			reqErr = err
 			return
@@ -165,6 +218,8 @@ func (c *committer) send(ctx context.Context, batch []*commitReq) (held []*commi
 	})
 	for _, r := range sent {
 		switch {
+		case removed[r]:
+			r.done <- fmt.Errorf("commit not sent: %w", r.ctx.Err())
 		case reqErr != nil && r.ctx.Err() == nil && ctx.Err() == nil && errors.Is(reqErr, context.Canceled):
 			r.done <- errors.New("commit canceled: another partition of the same request stopped; retried")
 		case reqErr != nil:

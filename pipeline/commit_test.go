@@ -139,6 +139,76 @@ func (r *commitRig) commitAsync(ctx context.Context, part int32, at int64) <-cha
 	return done
 }
 
+// unhold lets the OffsetCommit requests arriving from now on through at
+// once (a request already held stays held until its own release).
+func (r *commitRig) unhold() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := make(chan struct{})
+	close(h)
+	r.hold = h
+}
+
+// settle waits until the broker's committed offsets satisfy want, or
+// for 3 s, and returns them: a request released late lands meanwhile.
+func (r *commitRig) settle(want func(map[int32]int64) bool) map[int32]int64 {
+	r.t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	got := r.committed()
+	for time.Now().Before(deadline) && !want(got) {
+		time.Sleep(50 * time.Millisecond)
+		got = r.committed()
+	}
+	return got
+}
+
+// inFlightWith sends a request holding the commits that queue starts (a
+// commit of partition 2 goes first, held, so that they are coalesced),
+// and holds that request at the broker until the returned release.
+func (r *commitRig) inFlightWith(queue func() []<-chan error) (release func(), answers []<-chan error) {
+	r.t.Helper()
+	releaseFirst := r.holdRequests()
+	first := r.commitAsync(context.Background(), 2, 5)
+	r.waitRequest()
+	answers = queue()
+	r.waitQueued(len(answers))
+	release = r.holdRequests() // the coalesced request is held in its turn
+	releaseFirst()
+	if err := answer(r.t, first); err != nil {
+		r.t.Fatalf("the first commit: %v", err)
+	}
+	r.waitRequest()
+	return release, answers
+}
+
+// unanswered fails the test if done is answered within 200 ms.
+func unanswered(t *testing.T, done <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		t.Fatalf("%s was answered (%v) before its request", what, err)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// queuedBehind waits until done's commit waits in the committer's queue
+// (behind the request in flight), and fails the test if it is answered
+// first: it was sent while that request was at the broker.
+func (r *commitRig) queuedBehind(done <-chan error, what string) {
+	r.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(r.c.reqs) < 1 {
+		select {
+		case err := <-done:
+			r.t.Fatalf("%s was sent and answered (%v) while the request before it was at the broker: the broker may apply the two in either order", what, err)
+		case <-time.After(time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s never queued", what)
+		}
+	}
+}
+
 func answer(t *testing.T, done <-chan error) error {
 	t.Helper()
 	select {
@@ -282,5 +352,78 @@ func TestCommitterNeverSendsAStoppedWorkersCommitAfterARebalance(t *testing.T) {
 	}
 	if got := r.committed(); got[0] == 10 {
 		t.Fatal("partition 0 was committed at 10 by a stopped worker")
+	}
+}
+
+// A partition that is still owned never has its committed offset moved
+// back when another partition of the same request stops while the
+// request is at the broker. Canceling a written request drops its
+// connection, not the request: the broker applies it whenever it gets to
+// it, possibly after the commits that follow it on a new connection. So
+// a written request is answered, not canceled, and the partition's next
+// commit waits for it.
+func TestCommitterNeverMovesBackAStillOwnedPartitionsCommittedOffset(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, 3)
+	ctxA, stopA := context.WithCancel(context.Background())
+	defer stopA()
+	release, answers := r.inFlightWith(func() []<-chan error {
+		return []<-chan error{
+			r.commitAsync(ctxA, 0, 10),                 // a partition about to be revoked
+			r.commitAsync(context.Background(), 1, 20), // a partition that stays
+		}
+	})
+	defer release()
+	stopA() // partition 0's worker stops (lost, or its grace ran out)
+	if err := answer(t, answers[0]); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the stopped worker's commit returned %v, want context.Canceled", err)
+	}
+	unanswered(t, answers[1], "partition 1's commit, in a request written before partition 0's worker stopped,")
+	// Partition 1's worker delivers its next batch meanwhile and commits
+	// after it.
+	r.unhold()
+	next := r.commitAsync(context.Background(), 1, 30)
+	r.waitQueued(1)
+	release() // the broker gets to the request
+	if err := answer(t, answers[1]); err != nil {
+		t.Fatalf("partition 1's commit at 20: %v", err)
+	}
+	if err := answer(t, next); err != nil {
+		t.Fatalf("partition 1's commit at 30: %v", err)
+	}
+	if got := r.settle(func(got map[int32]int64) bool { return got[1] != 30 }); got[1] != 30 {
+		t.Fatalf("partition 1's committed offset moved from 30 to %d after 30 was answered (requests: %v)", got[1], r.requests())
+	}
+}
+
+// A stopped worker's offset never lands after the commits of its
+// partition's next owner in the same generation (onJoined recovers a
+// fenced partition anew in this member, in the generation it has): the
+// stopped worker returns at once, but its request, already written, is
+// answered before the next owner's commit is sent.
+func TestCommitterNeverSendsAStoppedWorkersOffsetAfterItsNextOwners(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, 3)
+	ctxOld, stopOld := context.WithCancel(context.Background())
+	defer stopOld()
+	release, answers := r.inFlightWith(func() []<-chan error {
+		return []<-chan error{r.commitAsync(ctxOld, 0, 10)}
+	})
+	defer release()
+	stopOld() // the old worker is stopped hard (stopAll(fenced, false))
+	if err := answer(t, answers[0]); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the stopped worker's commit returned %v, want context.Canceled", err)
+	}
+	// The next owner (a new worker, same member, same generation)
+	// recovers and commits further on.
+	r.unhold()
+	next := r.commitAsync(context.Background(), 0, 15)
+	r.queuedBehind(next, "the next owner's commit")
+	release()
+	if err := answer(t, next); err != nil {
+		t.Fatalf("the next owner's commit: %v", err)
+	}
+	if got := r.settle(func(got map[int32]int64) bool { return got[0] != 15 }); got[0] != 15 {
+		t.Fatalf("partition 0 committed at %d after its next owner committed 15: the stopped worker's request landed after it (requests: %v)", got[0], r.requests())
 	}
 }
