@@ -200,18 +200,29 @@ func (c *committer) send(ctx context.Context, batch []*commitReq) (held []*commi
 		reqErr error
 		errs   = map[string]map[int32]error{}
 	)
-	c.cl.CommitOffsetsSync(kgo.PreCommitFnContext(rctx, preCommit), offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+	c.cl.CommitOffsetsSync(kgo.PreCommitFnContext(rctx, preCommit), offsets, func(_ *kgo.Client, req *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err != nil {
 			reqErr = err
 			return
 		}
+		// From v10 a response names its topics by id only; franz-go
+		// fills the names in only while its session tracks uncommitted
+		// offsets, so they are taken from the request here.
+		names := map[[16]byte]string{}
+		for _, t := range req.Topics {
+			names[t.TopicID] = t.Topic
+		}
 		for _, t := range resp.Topics {
+			topic := t.Topic
+			if topic == "" {
+				topic = names[t.TopicID]
+			}
 			for _, pr := range t.Partitions {
 				if e := kerr.ErrorForCode(pr.ErrorCode); e != nil {
-					if errs[t.Topic] == nil {
-						errs[t.Topic] = map[int32]error{}
+					if errs[topic] == nil {
+						errs[topic] = map[int32]error{}
 					}
-					errs[t.Topic][pr.Partition] = fmt.Errorf("commit %s/%d at %d: %w", t.Topic, pr.Partition, offsets[t.Topic][pr.Partition].Offset, e)
+					errs[topic][pr.Partition] = fmt.Errorf("commit %s/%d at %d: %w", topic, pr.Partition, offsets[topic][pr.Partition].Offset, e)
 				}
 			}
 		}

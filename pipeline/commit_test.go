@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -29,14 +30,14 @@ type commitRig struct {
 	seen chan struct{} // one per request, as it arrives
 }
 
-func newCommitRig(t *testing.T, partitions int32) *commitRig {
+func newCommitRig(t *testing.T, partitions int32, opts ...kgo.Opt) *commitRig {
 	t.Helper()
 	kc := testkafka.New(t, partitions, "in")
 	assigned := make(chan struct{})
 	var once sync.Once
-	cl := kc.Client(kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in"), kgo.DisableAutoCommit(),
-		kgo.HeartbeatInterval(100*time.Millisecond),
-		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { once.Do(func() { close(assigned) }) }))
+	cl := kc.Client(append([]kgo.Opt{kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in"), kgo.DisableAutoCommit(),
+		kgo.HeartbeatInterval(100 * time.Millisecond),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { once.Do(func() { close(assigned) }) })}, opts...)...)
 	r := &commitRig{t: t, kc: kc, c: newCommitter(cl), hold: make(chan struct{}), seen: make(chan struct{}, 16)}
 	close(r.hold) // not held until hold is called
 	kc.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
@@ -426,4 +427,54 @@ func TestCommitterNeverSendsAStoppedWorkersOffsetAfterItsNextOwners(t *testing.T
 	if got := r.settle(func(got map[int32]int64) bool { return got[0] != 15 }); got[0] != 15 {
 		t.Fatalf("partition 0 committed at %d after its next owner committed 15: the stopped worker's request landed after it (requests: %v)", got[0], r.requests())
 	}
+}
+
+// refuseNextCommit makes the broker answer the next OffsetCommit request
+// with code for every partition, as Kafka does: from v10 on the response
+// names each topic by its id only (Topic is not on the wire).
+func (r *commitRig) refuseNextCommit(code int16) {
+	r.kc.ControlKey(int16(kmsg.OffsetCommit), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.OffsetCommitRequest)
+		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+		resp.Version = req.Version
+		for _, t := range req.Topics {
+			rt := kmsg.NewOffsetCommitResponseTopic()
+			rt.Topic, rt.TopicID = t.Topic, t.TopicID
+			for _, p := range t.Partitions {
+				rp := kmsg.NewOffsetCommitResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p.Partition, code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+}
+
+// A commit the broker refuses is answered with its error, also when the
+// OffsetCommit response (v10 on) names its topics by id only: a refused
+// offset is never taken for committed (the worker's committed offset, its
+// proof of owning the partition while PostgreSQL is down). The committer
+// maps the errors by topic name, which franz-go fills in from the request
+// (updateCommitted) only while its session has uncommitted offsets: a
+// member's first session has none until the offset fetch that follows
+// AdjustFetchOffsetsFn (dam's recovery) returns, and a session's end
+// (onLost, a cooperative revocation of all it tracked) clears them.
+func TestCommitterAnswersARefusedCommitWithItsError(t *testing.T) {
+	t.Parallel()
+	recovering := make(chan struct{})
+	defer close(recovering)
+	r := newCommitRig(t, 2, kgo.AdjustFetchOffsetsFn(func(ctx context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+		select { // a recovery that takes a while
+		case <-recovering:
+		case <-ctx.Done():
+		}
+		return offs, nil
+	}))
+	r.refuseNextCommit(kerr.OffsetMetadataTooLarge.Code)
+	err := answer(t, r.commitAsync(context.Background(), 0, 10))
+	if err == nil {
+		t.Fatalf("a commit the broker refused (OFFSET_METADATA_TOO_LARGE) was answered as committed; committed offsets: %v", r.committed())
+	}
+	t.Logf("refused commit answered: %v", err)
 }
