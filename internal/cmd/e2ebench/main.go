@@ -957,6 +957,10 @@ func printTable(w io.Writer, o options, rs []result) {
 	}
 	if worst.variant != "" {
 		fmt.Fprintf(w, "  p99 (steady) <= 20 ms %9s  %s  (the worst of every at-least-once dam run: %s)\n", ms(worst.steady.P99), verdict(worst.steady.P99 <= 0.020), worst.variant)
+		if n := damonPageout(); n > 0 {
+			fmt.Fprintf(w, "    this machine's kernel runs %d DAMON pageout scheme(s) (proactive reclaim): every dam and PostgreSQL stalls together\n"+
+				"    each time it applies; the steady tail is then the machine's (docs/performance.md, \"The machine's memory reclaim\")\n", n)
+		}
 	}
 	fmt.Fprintf(w, "  peak RSS < 200 MB     %7.1fMB  %s  (highest of the dam runs)\n", float64(rss)/1024, verdict(rss < 200*1024))
 	if o.decideBest > 0 {
@@ -1104,4 +1108,26 @@ func runAnalyze(o options, res result, broker, in string, full bool) (result, er
 	}
 	logf("%s: %d records in %s (%d passes): %.0f records/s", res.variant, res.records, res.elapsed.Round(time.Millisecond), rep.Passes, res.rate())
 	return res, nil
+}
+
+// damonPageout counts the DAMON schemes running on this machine whose
+// action is pageout: proactive reclaim, which unmaps and drops cold pages
+// (the page cache's, the binaries' text) every aggregation interval, and
+// which stalled every process of the steady phase together. 0 when DAMON
+// is off, absent, or unreadable.
+func damonPageout() int {
+	n := 0
+	kds, _ := filepath.Glob("/sys/kernel/mm/damon/admin/kdamonds/*")
+	for _, kd := range kds {
+		if state, err := os.ReadFile(filepath.Join(kd, "state")); err != nil || strings.TrimSpace(string(state)) != "on" {
+			continue
+		}
+		actions, _ := filepath.Glob(filepath.Join(kd, "contexts", "*", "schemes", "*", "action"))
+		for _, a := range actions {
+			if b, err := os.ReadFile(a); err == nil && strings.TrimSpace(string(b)) == "pageout" {
+				n++
+			}
+		}
+	}
+	return n
 }
