@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/hex"
@@ -194,14 +195,12 @@ func identityError(field string, err error) *apiError {
 // decode reads body (r's, through a bodyReader) as JSON into v,
 // strictly (unknown fields are errors), within serve.max_body_bytes.
 func (s *Server) decode(w http.ResponseWriter, body *bodyReader, v any) *apiError {
-	dec := json.NewDecoder(http.MaxBytesReader(w, io.NopCloser(body), int64(s.cfg.MaxBodyBytes)))
+	limited := http.MaxBytesReader(w, io.NopCloser(body), int64(s.cfg.MaxBodyBytes))
+	dec := json.NewDecoder(limited)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
 	if err == nil {
-		// Nothing but whitespace may follow the value.
-		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("data after the JSON value")
-		}
+		err = bodyEnd(dec.Buffered(), limited)
 	}
 	if err == nil {
 		return nil
@@ -228,6 +227,36 @@ func (s *Server) decode(w http.ResponseWriter, body *bodyReader, v any) *apiErro
 		return badRequest(codeBadJSON, "empty body: want a JSON object")
 	}
 	return badRequest(codeBadJSON, "invalid request body: %s", jsonProblem(err))
+}
+
+// errTrailingData is a body with more than whitespace after its JSON value.
+var errTrailingData = errors.New("data after the JSON value")
+
+// bodyEnd reads a body past its JSON value (buffered, what the decoder
+// read beyond it, then the rest of body) to its end: nothing but
+// whitespace may follow the value. It reads minChunk bytes at a time, so
+// that finding the end of a body sent chunked takes little room beside
+// what it already holds (the decoder's reads take a quarter of that), and
+// it returns the read's own error (no room, a slow or late end, too
+// large) as it is: a value whose end does not arrive is not one with
+// data after it.
+func bodyEnd(buffered, body io.Reader) error {
+	buf := make([]byte, minChunk)
+	for _, r := range []io.Reader{buffered, body} {
+		for {
+			n, err := r.Read(buf)
+			if len(bytes.TrimLeft(buf[:n], " \t\r\n")) > 0 {
+				return errTrailingData
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // jsonProblem says what is wrong with a request body in the API's words:

@@ -393,3 +393,35 @@ func TestLongestSilentAnswered(t *testing.T) {
 		return
 	}
 }
+
+// A body sent chunked whose JSON value has arrived whole but whose end
+// (the last chunk) never does is ended for its slowness, 408: it is not
+// a body with data after its value. Whitespace after the value, in a
+// later chunk, is not data either.
+func TestBodyWhoseEndNeverArrivesIsTimedOut(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, func(c *config.Config) { c.Serve.RequestTimeout = 3 * time.Second })
+	addr := h.run()
+	value := `{"service":"a","entity":"end-never","payload":1}`
+
+	c := rawRequest(t, addr, -1, fmt.Sprintf("%x\r\n%s\r\n", len(value), value))
+	if code, _, body, err := rawResponse(c, 5*time.Second); code != 408 || !strings.Contains(body, `"body_timeout"`) {
+		t.Errorf("a whole value whose body never ends: %d %s %v; want 408 body_timeout", code, body, err)
+	}
+
+	c = rawRequest(t, addr, -1, fmt.Sprintf("%x\r\n%s\r\n", len(value), value))
+	if _, err := io.WriteString(c, "3\r\n \r\n\r\n0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, body, err := rawResponse(c, 5*time.Second); code != 200 {
+		t.Errorf("a value, then whitespace in a chunk of its own: %d %s %v; want 200", code, body, err)
+	}
+
+	c = rawRequest(t, addr, -1, fmt.Sprintf("%x\r\n%s\r\n", len(value), value))
+	if _, err := io.WriteString(c, "3\r\n {}\r\n0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, body, err := rawResponse(c, 5*time.Second); code != 400 || !strings.Contains(body, "data after the JSON value") {
+		t.Errorf("a value, then another in a later chunk: %d %s %v; want 400 naming the data after it", code, body, err)
+	}
+}
