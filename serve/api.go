@@ -234,14 +234,14 @@ var errTrailingData = errors.New("data after the JSON value")
 
 // bodyEnd reads a body past its JSON value (buffered, what the decoder
 // read beyond it, then the rest of body) to its end: nothing but
-// whitespace may follow the value. It reads minChunk bytes at a time, so
-// that finding the end of a body sent chunked takes little room beside
-// what it already holds (the decoder's reads take a quarter of that), and
+// whitespace may follow the value. It reads 512 bytes at a time, so that
+// finding the end of a body sent chunked takes little room beside what it
+// already holds (a read through the decoder takes a quarter of that), and
 // it returns the read's own error (no room, a slow or late end, too
 // large) as it is: a value whose end does not arrive is not one with
 // data after it.
 func bodyEnd(buffered, body io.Reader) error {
-	buf := make([]byte, minChunk)
+	buf := make([]byte, 512)
 	for _, r := range []io.Reader{buffered, body} {
 		for {
 			n, err := r.Read(buf)
