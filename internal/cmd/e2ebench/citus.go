@@ -356,10 +356,10 @@ func citusUnavailable() error { return pgcitus.Installed() }
 // (medians over their runs), ratio, CPU per record and latency.
 func printCitus(w io.Writer, o options, rs []result, citus *pgTarget) {
 	type agg struct {
-		rates, damUS, pgUS, wal, p99 []float64
-		nodes                        map[string][]float64
-		records                      int
-		bg, av                       []float64
+		rates, damUS, pgUS, wal, p50, p99 []float64
+		nodes                             map[string][]float64
+		records                           int
+		bg, av                            []float64
 	}
 	by := map[string]*agg{}
 	var order []string
@@ -379,6 +379,7 @@ func printCitus(w io.Writer, o options, rs []result, citus *pgTarget) {
 		a.damUS = append(a.damUS, float64(r.cpu.Microseconds())/float64(r.records+r.steadyN))
 		a.pgUS = append(a.pgUS, per(r.pgCPU))
 		a.wal = append(a.wal, float64(r.walBytes)/float64(r.records))
+		a.p50 = append(a.p50, r.steady.P50)
 		a.p99 = append(a.p99, r.steady.P99)
 		var bg, av time.Duration
 		for _, n := range r.nodes {
@@ -399,7 +400,7 @@ func printCitus(w io.Writer, o options, rs []result, citus *pgTarget) {
 	}
 	fmt.Fprintf(w, "\non Citus: dam-citus = a coordinator and %d workers, %d shards per table, citus.max_cached_conns_per_worker %s, all on this machine's %d CPUs with dam and the broker; dam-single = one server with the same binaries and settings (medians over each variant's runs)\n",
 		citus.workers, pgcitus.ShardCount, conns, runtime.NumCPU())
-	fmt.Fprintf(w, "%-11s %5s %9s %10s %10s %9s %10s %9s %11s\n", "variant", "runs", "records", "records/s", "vs single", "dam µs/r", "PG µs/r", "WAL B/r", "p99 steady")
+	fmt.Fprintf(w, "%-11s %5s %9s %10s %10s %9s %10s %9s %11s %11s\n", "variant", "runs", "records", "records/s", "vs single", "dam µs/r", "PG µs/r", "WAL B/r", "p50 steady", "p99 steady")
 	base := median(single.rates)
 	for _, v := range order {
 		a := by[v]
@@ -408,8 +409,8 @@ func printCitus(w io.Writer, o options, rs []result, citus *pgTarget) {
 			pg += "¹"
 			wal += "¹"
 		}
-		fmt.Fprintf(w, "%-11s %5d %9d %10.0f %9.2fx %9.1f %10s %9s %11s\n", v, len(a.rates), a.records, median(a.rates), median(a.rates)/base,
-			median(a.damUS), pg, wal, ms(median(a.p99)))
+		fmt.Fprintf(w, "%-11s %5d %9d %10.0f %9.2fx %9.1f %10s %9s %11s %11s\n", v, len(a.rates), a.records, median(a.rates), median(a.rates)/base,
+			median(a.damUS), pg, wal, ms(median(a.p50)), ms(median(a.p99)))
 	}
 	fmt.Fprintf(w, "dam-citus / dam-single: %.2fx records/s; PostgreSQL CPU per record %.2fx (%.1f vs %.1f µs)\n",
 		median(citusRuns.rates)/base, median(citusRuns.pgUS)/median(single.pgUS), median(citusRuns.pgUS), median(single.pgUS))
@@ -419,6 +420,14 @@ func printCitus(w io.Writer, o options, rs []result, citus *pgTarget) {
 	}
 	fmt.Fprintf(w, "dam-citus PostgreSQL µs per record by node: %s; background processes %.1f and autovacuum %.1f not counted (dam-single: %.1f and %.1f)\n",
 		strings.Join(parts, ", "), median(citusRuns.bg), median(citusRuns.av), median(single.bg), median(single.av))
+	// The targets: the rate against one server on the same machine (the
+	// medians), and the steady p50 of every Citus run (its worst shown).
+	x, p50 := median(citusRuns.rates)/base, slices.Max(citusRuns.p50)
+	fmt.Fprintln(w, "targets (dam-citus):")
+	fmt.Fprintf(w, "  dam-citus >= 0.5x dam-single %6.2fx  %s  (records/s, medians)\n", x, verdict(x >= 0.5))
+	if !math.IsNaN(p50) { // (no steady phase: -steady 0s)
+		fmt.Fprintf(w, "  p50 (steady) < 50 ms %14s  %s  (the worst of its %d run(s))\n", ms(p50), verdict(p50 < 0.050), len(citusRuns.p50))
+	}
 	fmt.Fprintln(w, "PG µs/r of dam-single and dam-citus: every backend of every node over the backlog (those that exited included, and the postmaster's forks), from /proc; WAL B/r: summed over the nodes")
 	if _, ok := by["dam"]; ok {
 		fmt.Fprintln(w, "¹ dam on the shared server (fsync on, full_page_writes on): its own backends only; not comparable with the two rows below it")
