@@ -132,12 +132,18 @@ func (s *Server) parse(c *checkRequest, prefix string) (dedup.CheckItem, *apiErr
 	if err := dedup.CheckService(*c.Service); err != nil {
 		return dedup.CheckItem{}, identityError(prefix+"service", err)
 	}
+	if strings.ContainsRune(*c.Service, utf8.RuneError) {
+		return dedup.CheckItem{}, badRequest(codeBadField, "%sservice: %s", prefix, replacementChar)
+	}
 	var entity []byte
 	field := prefix + "entity"
 	switch {
 	case c.Entity != nil && c.EntityHex != nil:
 		return dedup.CheckItem{}, badRequest(codeBadField, "%sentity and %sentity_hex exclude each other", prefix, prefix)
 	case c.Entity != nil:
+		if strings.ContainsRune(*c.Entity, utf8.RuneError) {
+			return dedup.CheckItem{}, badRequest(codeBadField, "%s: %s; send an entity that is not UTF-8 text as entity_hex", field, replacementChar)
+		}
 		entity = []byte(*c.Entity)
 	case c.EntityHex != nil:
 		field += "_hex"
@@ -182,6 +188,11 @@ func (s *Server) parse(c *checkRequest, prefix string) (dedup.CheckItem, *apiErr
 	}
 	return dedup.CheckItem{Service: *c.Service, Entity: entity, Digest: d}, nil
 }
+
+// replacementChar refuses an identity string holding U+FFFD: the JSON
+// decoder puts it in place of invalid UTF-8 and of a lone surrogate
+// escape ("\ud800"), so distinct identities would arrive as one.
+const replacementChar = "holds U+FFFD, which stands in the decoded string for invalid UTF-8 or a lone surrogate escape (distinct identities would be one)"
 
 // identityError answers an identity the store cannot hold (dedup's
 // identity limits, the sidecar's own): 400, naming the field. It is

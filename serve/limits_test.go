@@ -425,3 +425,159 @@ func TestBodyWhoseEndNeverArrivesIsTimedOut(t *testing.T) {
 		t.Errorf("a value, then another in a later chunk: %d %s %v; want 400 naming the data after it", code, body, err)
 	}
 }
+
+// chunkedBody frames parts as one chunk each (without the last chunk).
+func chunkedBody(parts ...string) string {
+	var b strings.Builder
+	for _, p := range parts {
+		fmt.Fprintf(&b, "%x\r\n%s\r\n", len(p), p)
+	}
+	return b.String()
+}
+
+// A body sent chunked whose last chunk has arrived but whose final CRLF
+// (the end of its empty trailer) is late is ended for its slowness, 408
+// body_timeout: it is not a malformed body (400 bad_json). So is one
+// whose trailer's fields arrive and whose end is late.
+func TestChunkedBodyWhoseTrailerIsLateIs408(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, func(c *config.Config) { c.Serve.RequestTimeout = 3 * time.Second })
+	addr := h.run()
+	value := `{"service":"a","entity":"late-trailer","payload":1}`
+	for _, tail := range []string{"0\r\n", "0\r\n\r", "0\r\nX-Late: 1\r\n"} {
+		began := time.Now()
+		c := rawRequest(t, addr, -1, chunkedBody(value)+tail)
+		code, _, body, err := rawResponse(c, 5*time.Second)
+		if code != 408 || !strings.Contains(body, `"body_timeout"`) {
+			t.Errorf("a whole value, then %q and nothing more: %d %s %v after %s; want 408 body_timeout",
+				tail, code, strings.TrimSpace(body), err, time.Since(began).Round(time.Millisecond))
+		}
+	}
+	_, _, metrics := h.do("GET", "/metrics", "", "")
+	for _, want := range []string{"dam_serve_slow_bodies_total 3", "dam_serve_body_bytes_in_flight 0"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s: %s", want, grep(grep(metrics, strings.Fields(want)[0]+" "), "_total"))
+		}
+	}
+}
+
+// A body at exactly serve.max_body_bytes is read whole, 200, however it
+// is sent: chunked with its value ending at a chunk boundary, with a
+// trailer, or with whitespace up to the limit, and with Content-Length;
+// one byte more (whitespace) is 413. Every body's room is given back.
+func TestBodyAtTheLimitIs200(t *testing.T) {
+	t.Parallel()
+	const max = 64 << 10
+	h := newServer(t, func(c *config.Config) {
+		c.Serve.MaxBodyBytes = max
+		c.Serve.MaxInFlightBytes = max
+		c.Serve.RequestTimeout = 3 * time.Second
+	})
+	addr := h.run()
+	h.check("a", "warm", "1")
+	full := checkOfSize("at-max", max)
+	short := checkOfSize("at-max-ws", max-100)
+	for _, tc := range []struct {
+		name   string
+		length int
+		body   string
+		want   int
+	}{
+		{"chunked, the value ending at a chunk boundary at the limit", -1, chunkedBody(full[:max/2], full[max/2:]) + "0\r\n\r\n", 200},
+		{"chunked, the value at the limit, a trailer", -1, chunkedBody(full) + "0\r\nX-A: b\r\n\r\n", 200},
+		{"chunked, whitespace up to the limit", -1, chunkedBody(short, strings.Repeat(" ", 100)) + "0\r\n\r\n", 200},
+		{"chunked, whitespace one byte past the limit", -1, chunkedBody(short, strings.Repeat(" ", 101)) + "0\r\n\r\n", 413},
+		{"chunked, the value at the limit, one space past it", -1, chunkedBody(full, " ") + "0\r\n\r\n", 413},
+		{"Content-Length at the limit", max, checkOfSize("cl-at-max", max), 200},
+		{"Content-Length at the limit, whitespace", max, checkOfSize("cl-at-max-ws", max-100) + strings.Repeat("\n", 100), 200},
+	} {
+		c := rawRequest(t, addr, tc.length, tc.body)
+		if code, _, body, err := rawResponse(c, 5*time.Second); code != tc.want {
+			t.Errorf("%s: %d %.200s %v; want %d", tc.name, code, body, err, tc.want)
+		}
+	}
+	_, _, metrics := h.do("GET", "/metrics", "", "")
+	if !strings.Contains(metrics, "dam_serve_body_bytes_in_flight 0") {
+		t.Errorf("room not given back:\n%s", grep(metrics, "dam_serve_body_bytes"))
+	}
+}
+
+// A client that sends Expect: 100-continue gets 100 Continue, then its
+// answer, with Content-Length and chunked.
+func TestExpectContinueBodyIs200(t *testing.T) {
+	t.Parallel()
+	h := newServer(t, func(c *config.Config) { c.Serve.RequestTimeout = 3 * time.Second })
+	addr := h.run()
+	for i, te := range []bool{false, true} {
+		value := fmt.Sprintf(`{"service":"a","entity":"expect-%d","payload":1}`, i)
+		c := dialFrom(t, addr, "")
+		head := "POST /v1/check HTTP/1.1\r\nHost: dam\r\nAuthorization: Bearer " + tokenAll + "\r\nExpect: 100-continue\r\n"
+		body := value
+		if te {
+			head += "Transfer-Encoding: chunked\r\n"
+			body = chunkedBody(value) + "0\r\n\r\n"
+		} else {
+			head += fmt.Sprintf("Content-Length: %d\r\n", len(value))
+		}
+		if _, err := io.WriteString(c, head+"\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		br := bufio.NewReader(c)
+		if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+			t.Fatalf("chunked %v: first line %q %v; want 100 Continue", te, line, err)
+		}
+		_, _ = br.ReadString('\n')
+		if _, err := io.WriteString(c, body); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("chunked %v: %v", te, err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("chunked %v after 100 Continue: %d %s; want 200", te, resp.StatusCode, out)
+		}
+	}
+}
+
+// Many small checks of one token sent chunked at once, each whole, in a
+// share of the room as small as a body of the largest size (each may come
+// to that size, so they take turns), are all answered 200 in time, and
+// their room is given back.
+func TestManyChunkedBodiesOfOneTokenAreAllAnswered(t *testing.T) {
+	t.Parallel()
+	const max = 64 << 10
+	h := newServer(t, func(c *config.Config) {
+		c.Serve.MaxBodyBytes = max
+		c.Serve.MaxInFlightBytes = max
+		c.Serve.RequestTimeout = 3 * time.Second
+	})
+	addr := h.run()
+	h.check("a", "warm", "1")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	codes := map[int]int{}
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := fmt.Sprintf(`{"service":"a","entity":"many-%d","payload":%d}`, i, i)
+			var c net.Conn = rawRequest(t, addr, -1, chunkedBody(v)+"0\r\n\r\n")
+			code, _, _, _ := rawResponse(c, 8*time.Second)
+			mu.Lock()
+			codes[code]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if codes[200] != 40 {
+		t.Errorf("40 chunked checks of one token at once: %v; want 40 200s", codes)
+	}
+	_, _, metrics := h.do("GET", "/metrics", "", "")
+	if !strings.Contains(metrics, "dam_serve_body_bytes_in_flight 0") {
+		t.Errorf("room not given back:\n%s", grep(metrics, "dam_serve_body_bytes"))
+	}
+}

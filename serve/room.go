@@ -204,8 +204,9 @@ type bodyReader struct {
 	start    time.Time
 	waited   time.Duration // waiting for room
 	received int64
-	slow     bool  // the read deadline set last is the minimum rate's
-	cut      error // errNoRoom, errSlowBody or os.ErrDeadlineExceeded, once ended
+	readBy   time.Time // the read deadline set last
+	slow     bool      // it is the minimum rate's
+	cut      error     // errNoRoom, errSlowBody or os.ErrDeadlineExceeded, once ended
 	eof      bool
 }
 
@@ -239,6 +240,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 		d = b.deadline
 	}
 	_ = b.rc.SetReadDeadline(d)
+	b.readBy = d
 	n, err := b.body.Read(p[:want])
 	b.room.shrink(b.claim, want-int64(n))
 	b.received += int64(n)
@@ -247,6 +249,12 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 
 // ended notes how a read ended the body, if it did.
 func (b *bodyReader) ended(err error) error {
+	if err != nil && err != io.EOF && !b.readBy.IsZero() && !time.Now().Before(b.readBy) {
+		// The read deadline passed: net/http reports one that fires inside
+		// a chunked body's trailer as a malformed trailer ("unexpected EOF
+		// reading trailer"), not as the timeout it is.
+		err = os.ErrDeadlineExceeded
+	}
 	switch {
 	case err == io.EOF:
 		b.eof = true

@@ -2,6 +2,7 @@ package serve_test
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -198,6 +199,9 @@ func TestErrors(t *testing.T) {
 		{"missing entity", "/v1/check", `{"service":"a","payload":1}`, 400, "missing_field", "entity"},
 		{"missing payload", "/v1/check", `{"service":"a","entity":"e"}`, 400, "missing_field", "payload"},
 		{"both entities", "/v1/check", `{"service":"a","entity":"e","entity_hex":"00","payload":1}`, 400, "bad_field", "exclude"},
+		{"entity of invalid UTF-8", "/v1/check", "{\"service\":\"a\",\"entity\":\"e\xfe\",\"payload\":1}", 400, "bad_field", "entity: holds U+FFFD"},
+		{"entity of a lone surrogate", "/v1/check", `{"service":"a","entity":"e\ud800","payload":1}`, 400, "bad_field", "entity: holds U+FFFD"},
+		{"service of invalid UTF-8", "/v1/check", "{\"service\":\"a\xff\",\"entity\":\"e\",\"payload\":1}", 400, "bad_field", "service: holds U+FFFD"},
 		{"bad hex", "/v1/check", `{"service":"a","entity_hex":"zz","payload":1}`, 400, "bad_field", "not hex"},
 		{"bad base64", "/v1/check", `{"service":"a","entity":"e","payload_base64":"%%"}`, 400, "bad_field", "not base64"},
 		{"duplicate member", "/v1/check", `{"service":"a","entity":"e","payload":{"x":1,"x":2}}`, 400, "bad_payload", "at byte 7: duplicate member"},
@@ -220,6 +224,32 @@ func TestErrors(t *testing.T) {
 				t.Errorf("%s: the message names %q: %s", tc.name, inner, msg)
 			}
 		}
+	}
+}
+
+// An identity string holding U+FFFD is refused, 400 naming its field, and
+// nothing is decided: the JSON decoder puts U+FFFD in place of each
+// invalid UTF-8 byte and of each lone surrogate escape, so the distinct
+// entities "\xfe", "\xff" and "\udc00" would otherwise arrive as one
+// identity, the second answered duplicate of the first. The same bytes
+// sent as entity_hex are an identity of their own.
+func TestIdentityHoldingTheReplacementCharacterIsRefused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	for _, e := range []string{"utf8-\xfe", "utf8-\xff", `utf8-\udc00`, "utf8-\ufffd"} {
+		code, _, out := h.do("POST", "/v1/check", tokenAll, `{"service":"a","entity":"`+e+`","payload":1}`)
+		if c, msg := errorCode(t, out); code != 400 || c != "bad_field" || !strings.HasPrefix(msg, "entity: holds U+FFFD") {
+			t.Errorf("entity %q: %d %s; want 400 bad_field naming entity", e, code, strings.TrimSpace(out))
+		}
+	}
+	code, _, out := h.do("POST", "/v1/check:batch", tokenAll, `{"checks":[{"service":"a","entity":"utf8-\udbff","payload":1}]}`)
+	if code != 200 || !strings.Contains(out, `checks[0].entity: holds U+FFFD`) {
+		t.Errorf("in a batch: %d %s; want its result to name checks[0].entity", code, strings.TrimSpace(out))
+	}
+	// Nothing was stored for the bytes they would have become.
+	code, _, out = h.do("POST", "/v1/check", tokenAll, `{"service":"a","entity_hex":"`+hex.EncodeToString([]byte("utf8-\ufffd"))+`","payload":1}`)
+	if code != 200 || !strings.Contains(out, `"forward"`) {
+		t.Errorf("the same bytes as entity_hex: %d %s; want forward (nothing decided before)", code, strings.TrimSpace(out))
 	}
 }
 

@@ -739,7 +739,10 @@ type CheckErrorErrorCode string
 // (`CheckRequest` requires them; in a batch a check without them gets
 // its own error).
 type CheckFields struct {
-	// Entity The entity, as text; at most 1,024 bytes (400 `bad_field`).
+	// Entity The entity, as text; at most 1,024 bytes, and no U+FFFD, which
+	// the decoder makes of invalid UTF-8 and lone surrogate escapes
+	// (400 `bad_field`): send such an entity as `entity_hex`.
+	//
 	//
 	// Examples: B-007
 	Entity *string `json:"entity,omitempty"`
@@ -759,7 +762,8 @@ type CheckFields struct {
 
 	// Service The service; hashed with its route's options when the
 	// configuration has a route of this service. At most 128 bytes of
-	// printable UTF-8: no control characters (400 `bad_field`).
+	// printable UTF-8: no control characters, no U+FFFD (400
+	// `bad_field`).
 	//
 	//
 	// Examples: customer-2
@@ -769,7 +773,10 @@ type CheckFields struct {
 // CheckRequest One check. (The identity limits are constraints here; in a batch
 // they are each check's own error.)
 type CheckRequest struct {
-	// Entity The entity, as text; at most 1,024 bytes (400 `bad_field`).
+	// Entity The entity, as text; at most 1,024 bytes, and no U+FFFD, which
+	// the decoder makes of invalid UTF-8 and lone surrogate escapes
+	// (400 `bad_field`): send such an entity as `entity_hex`.
+	//
 	//
 	// Examples: B-007
 	Entity *string `json:"entity,omitempty"`
@@ -789,7 +796,8 @@ type CheckRequest struct {
 
 	// Service The service; hashed with its route's options when the
 	// configuration has a route of this service. At most 128 bytes of
-	// printable UTF-8: no control characters (400 `bad_field`).
+	// printable UTF-8: no control characters, no U+FFFD (400
+	// `bad_field`).
 	//
 	//
 	// Examples: customer-2
