@@ -461,13 +461,11 @@ func TestChunkedBodyWhoseTrailerIsLateIs408(t *testing.T) {
 	}
 }
 
-// A body at exactly serve.max_body_bytes is read whole, 200, however it
-// is sent: chunked with its value ending at a chunk boundary, with a
-// trailer, or with whitespace up to the limit, and with Content-Length;
-// one byte more (whitespace) is 413. Every body's room is given back.
-func TestBodyAtTheLimitIs200(t *testing.T) {
-	t.Parallel()
-	const max = 64 << 10
+// roomForOneBody runs a check service whose bodies are at most max bytes
+// and whose tokens' share of the room is one such body, its store's
+// connections opened.
+func roomForOneBody(t *testing.T, max int) (*harness, string) {
+	t.Helper()
 	h := newServer(t, func(c *config.Config) {
 		c.Serve.MaxBodyBytes = max
 		c.Serve.MaxInFlightBytes = max
@@ -475,6 +473,25 @@ func TestBodyAtTheLimitIs200(t *testing.T) {
 	})
 	addr := h.run()
 	h.check("a", "warm", "1")
+	return h, addr
+}
+
+// roomGivenBack fails t unless no body holds room any more.
+func roomGivenBack(t *testing.T, h *harness) {
+	t.Helper()
+	if _, _, metrics := h.do("GET", "/metrics", "", ""); !strings.Contains(metrics, "dam_serve_body_bytes_in_flight 0") {
+		t.Errorf("room not given back:\n%s", grep(metrics, "dam_serve_body_bytes"))
+	}
+}
+
+// A body at exactly serve.max_body_bytes is read whole, 200, however it
+// is sent: chunked with its value ending at a chunk boundary, with a
+// trailer, or with whitespace up to the limit, and with Content-Length;
+// one byte more (whitespace) is 413. Every body's room is given back.
+func TestBodyAtTheLimitIs200(t *testing.T) {
+	t.Parallel()
+	const max = 64 << 10
+	h, addr := roomForOneBody(t, max)
 	full := checkOfSize("at-max", max)
 	short := checkOfSize("at-max-ws", max-100)
 	for _, tc := range []struct {
@@ -496,10 +513,7 @@ func TestBodyAtTheLimitIs200(t *testing.T) {
 			t.Errorf("%s: %d %.200s %v; want %d", tc.name, code, body, err, tc.want)
 		}
 	}
-	_, _, metrics := h.do("GET", "/metrics", "", "")
-	if !strings.Contains(metrics, "dam_serve_body_bytes_in_flight 0") {
-		t.Errorf("room not given back:\n%s", grep(metrics, "dam_serve_body_bytes"))
-	}
+	roomGivenBack(t, h)
 }
 
 // A client that sends Expect: 100-continue gets 100 Continue, then its
@@ -550,13 +564,7 @@ func TestExpectContinueBodyIs200(t *testing.T) {
 func TestManyChunkedBodiesOfOneTokenAreAllAnswered(t *testing.T) {
 	t.Parallel()
 	const max = 64 << 10
-	h := newServer(t, func(c *config.Config) {
-		c.Serve.MaxBodyBytes = max
-		c.Serve.MaxInFlightBytes = max
-		c.Serve.RequestTimeout = 3 * time.Second
-	})
-	addr := h.run()
-	h.check("a", "warm", "1")
+	h, addr := roomForOneBody(t, max)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	codes := map[int]int{}
@@ -576,8 +584,5 @@ func TestManyChunkedBodiesOfOneTokenAreAllAnswered(t *testing.T) {
 	if codes[200] != 40 {
 		t.Errorf("40 chunked checks of one token at once: %v; want 40 200s", codes)
 	}
-	_, _, metrics := h.do("GET", "/metrics", "", "")
-	if !strings.Contains(metrics, "dam_serve_body_bytes_in_flight 0") {
-		t.Errorf("room not given back:\n%s", grep(metrics, "dam_serve_body_bytes"))
-	}
+	roomGivenBack(t, h)
 }
