@@ -142,16 +142,15 @@ func (s *Store) CheckBatch(ctx context.Context, items []CheckItem, out []Decisio
 	}
 }
 
-// serverMargin is the least of how much earlier than the caller's
-// deadline PostgreSQL gives up a check: time for its error to come back.
-// The margin is a fifth of the time left when that is more: on Citus the
-// coordinator's abort first cancels the statements on its workers, round
-// trips that a loaded cluster stretches.
+// serverMargin is the least time by which PostgreSQL gives up a check
+// before the caller's deadline: time for its error to come back.
 const serverMargin = 100 * time.Millisecond
 
-// abortMargin is how much earlier than a deadline left away PostgreSQL
-// gives up a check: a fifth of left, at least serverMargin, and at most a
-// quarter of left, so that a short deadline keeps most of its time.
+// abortMargin is how long before a deadline left away PostgreSQL gives up
+// a check: a fifth of left (on Citus the coordinator's abort first cancels
+// the statements on its workers, round trips that a loaded cluster
+// stretches), at least serverMargin, and at most a quarter of left, so
+// that a short deadline keeps most of its time.
 func abortMargin(left time.Duration) time.Duration {
 	return min(max(serverMargin, left/5), left/4)
 }
