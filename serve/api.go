@@ -189,9 +189,9 @@ func (s *Server) parse(c *checkRequest, prefix string) (dedup.CheckItem, *apiErr
 	return dedup.CheckItem{Service: *c.Service, Entity: entity, Digest: d}, nil
 }
 
-// replacementChar is why an identity string holding U+FFFD is refused: the JSON
-// decoder puts it in place of invalid UTF-8 and of a lone surrogate
-// escape ("\ud800"), so distinct identities would arrive as one.
+// replacementChar is why an identity string holding U+FFFD is refused:
+// the JSON decoder puts it in place of invalid UTF-8 and of a lone
+// surrogate escape ("\ud800"), so distinct identities would arrive as one.
 const replacementChar = "holds U+FFFD, which stands in the decoded string for invalid UTF-8 or a lone surrogate escape (distinct identities would be one)"
 
 // identityError answers an identity the store cannot hold (dedup's
